@@ -1,0 +1,118 @@
+//! The command line (a stable interface: flag names do not change) and the
+//! driver settings derived from it.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::endpoint::Endpoint;
+
+pub const DEFAULT_DRIVER_NAME: &str = "relay.csi.dev";
+pub const TOPOLOGY_PREFIX: &str = "topology.relay.csi.dev/";
+pub const TOPOLOGY_NODE_KEY: &str = "topology.relay.csi.dev/node";
+
+#[derive(Parser, Debug)]
+#[command(name = "csi-relay", version, about = "A CSI driver that relays volume operations to a member cluster's storage; standalone it serves volumes from an embedded local backend")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the CSI Identity, Controller, GroupController and Node services.
+    Serve(ServeArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Controller and node services in one process (standalone).
+    All,
+    /// Identity, Controller and GroupController only (the controller Deployment).
+    Controller,
+    /// Identity and Node only (the node DaemonSet).
+    Node,
+}
+
+impl Mode {
+    pub fn controller(self) -> bool {
+        matches!(self, Mode::All | Mode::Controller)
+    }
+    pub fn node(self) -> bool {
+        matches!(self, Mode::All | Mode::Node)
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Where to listen: unix:///path/to/csi.sock or tcp://127.0.0.1:PORT.
+    /// A stale unix socket file is removed on start and on shutdown.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///tmp/csi-relay/csi.sock")]
+    pub endpoint: Endpoint,
+
+    /// This node's id, reported by NodeGetInfo and used as its topology.
+    #[arg(long, env = "CSI_NODE_ID")]
+    pub node_id: String,
+
+    /// Directory for the state store and the local backend's volumes and snapshots.
+    #[arg(long, env = "CSI_STATE_DIR", default_value = "/var/lib/csi-relay")]
+    pub state_dir: PathBuf,
+
+    /// CSI driver name (GetPluginInfo); StorageClasses name it as provisioner.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    pub driver_name: String,
+
+    /// Which services to serve.
+    #[arg(long, value_enum, default_value_t = Mode::All)]
+    pub mode: Mode,
+
+    /// Attach limit per node (NodeGetInfo max_volumes_per_node; ControllerPublish
+    /// answers RESOURCE_EXHAUSTED beyond it). 0 means no limit.
+    #[arg(long, default_value_t = 0)]
+    pub max_volumes_per_node: u64,
+
+    /// Total bytes the local backend may allocate to volumes and snapshots
+    /// (GetCapacity). Default: the size of the filesystem holding --state-dir.
+    #[arg(long)]
+    pub capacity: Option<u64>,
+
+    /// Largest volume CreateVolume / ControllerExpandVolume accept (OUT_OF_RANGE
+    /// beyond). Default: the capacity.
+    #[arg(long)]
+    pub max_volume_size: Option<u64>,
+
+    /// Comma-separated names of the mutable parameters that CreateVolume and
+    /// ControllerModifyVolume accept; any other mutable parameter is refused.
+    #[arg(long, value_delimiter = ',')]
+    pub mutable_parameters: Vec<String>,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Settings the services share, resolved once at start-up.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    pub driver_name: String,
+    pub node_id: String,
+    pub mode: Mode,
+    pub max_volumes_per_node: u64,
+    pub capacity: u64,
+    pub max_volume_size: u64,
+    pub mutable_parameters: BTreeSet<String>,
+    pub state_dir: PathBuf,
+}
+
+impl DriverConfig {
+    pub fn node_topology(&self) -> std::collections::BTreeMap<String, String> {
+        [(TOPOLOGY_NODE_KEY.to_string(), self.node_id.clone())].into()
+    }
+}

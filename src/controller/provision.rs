@@ -1,0 +1,420 @@
+//! CreateVolume, DeleteVolume and ControllerExpandVolume.
+//!
+//! CreateVolume commits a `Provisioning` record (and its name) before asking
+//! the backend for storage, so a crash or a cancelled call leaves a record
+//! that the CO's retry with the same name picks up and finishes, never an
+//! orphaned allocation and never a second volume.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::backend::SourceData;
+use crate::capability::{AccessType, Capability};
+use crate::controller::wire;
+use crate::csi::{self, volume_content_source::Type as SourceType};
+use crate::driver::{now, Driver};
+use crate::error::{CsiError, CsiResult};
+use crate::limiter::{volume_key, volume_name_key};
+use crate::params::{self, BackingChoice, VolumeParams};
+use crate::validate;
+use crate::volume::{Backing, ContentSource, Lifecycle, Volume};
+
+/// Size of a volume whose request names no capacity.
+pub const DEFAULT_VOLUME_SIZE: u64 = 1 << 30;
+/// Smallest block-file volume: room for a filesystem's metadata.
+pub const MIN_BLOCK_FILE_SIZE: u64 = 16 << 20;
+const ALIGN: u64 = 4096;
+
+/// The requested capacity range, checked.
+#[derive(Debug, Clone, Copy)]
+pub struct SizeRange {
+    pub required: u64,
+    pub limit: u64,
+}
+
+impl SizeRange {
+    pub fn from_wire(range: Option<&csi::CapacityRange>) -> CsiResult<Self> {
+        let Some(r) = range else {
+            return Ok(SizeRange { required: 0, limit: 0 });
+        };
+        if r.required_bytes < 0 || r.limit_bytes < 0 {
+            return Err(CsiError::invalid(
+                "capacity_range",
+                format!("required_bytes={} and limit_bytes={} must not be negative", r.required_bytes, r.limit_bytes),
+            ));
+        }
+        if r.limit_bytes > 0 && r.limit_bytes < r.required_bytes {
+            return Err(CsiError::invalid(
+                "capacity_range",
+                format!("limit_bytes={} is below required_bytes={}", r.limit_bytes, r.required_bytes),
+            ));
+        }
+        Ok(SizeRange {
+            required: r.required_bytes as u64,
+            limit: r.limit_bytes as u64,
+        })
+    }
+
+    pub fn admits(&self, size: u64) -> bool {
+        size >= self.required && (self.limit == 0 || size <= self.limit)
+    }
+
+    /// The size to allocate: at least `floor`, aligned when the limit allows.
+    fn choose(&self, floor: u64, max: u64) -> CsiResult<u64> {
+        let wanted = if self.required > 0 {
+            self.required
+        } else if self.limit > 0 {
+            self.limit.min(DEFAULT_VOLUME_SIZE)
+        } else {
+            DEFAULT_VOLUME_SIZE
+        };
+        let mut size = wanted.max(floor);
+        let aligned = size.div_ceil(ALIGN) * ALIGN;
+        if self.limit == 0 || aligned <= self.limit {
+            size = aligned;
+        }
+        if self.limit > 0 && size > self.limit {
+            return Err(CsiError::OutOfRange(format!(
+                "the volume needs at least {size} bytes but limit_bytes is {}",
+                self.limit
+            )));
+        }
+        if size > max {
+            return Err(CsiError::OutOfRange(format!(
+                "{size} bytes requested; this driver's maximum volume size is {max} bytes"
+            )));
+        }
+        Ok(size)
+    }
+}
+
+fn decide_backing(caps: &[Capability], choice: BackingChoice) -> CsiResult<Backing> {
+    let wants_block = caps.iter().any(Capability::is_block);
+    let mut fs_types: Vec<&str> = caps.iter().filter_map(Capability::fs_type).collect();
+    fs_types.sort_unstable();
+    fs_types.dedup();
+    if fs_types.len() > 1 {
+        return Err(CsiError::invalid(
+            "volume_capabilities",
+            format!("conflicting fs_type values {fs_types:?}: a volume has one filesystem"),
+        ));
+    }
+    let fs = fs_types.first().copied();
+    match choice {
+        BackingChoice::Directory if wants_block || fs.is_some() => Err(CsiError::invalid(
+            "parameters",
+            "backing=directory cannot serve raw block access or an explicit fs_type",
+        )),
+        BackingChoice::Directory => Ok(Backing::Directory),
+        BackingChoice::Block => Ok(Backing::BlockFile {
+            fs_type: fs.unwrap_or("ext4").to_string(),
+        }),
+        BackingChoice::Auto if wants_block || fs.is_some() => Ok(Backing::BlockFile {
+            fs_type: fs.unwrap_or("ext4").to_string(),
+        }),
+        BackingChoice::Auto => Ok(Backing::Directory),
+    }
+}
+
+fn decode_source(source: Option<&csi::VolumeContentSource>) -> CsiResult<Option<ContentSource>> {
+    let Some(source) = source else { return Ok(None) };
+    match &source.r#type {
+        None => Err(CsiError::invalid("volume_content_source", "type is missing: set snapshot or volume")),
+        Some(SourceType::Snapshot(s)) => Ok(Some(ContentSource::Snapshot(
+            validate::id(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?.to_string(),
+        ))),
+        Some(SourceType::Volume(v)) => Ok(Some(ContentSource::Volume(
+            validate::id(&v.volume_id, "volume_content_source.volume.volume_id")?.to_string(),
+        ))),
+    }
+}
+
+/// Mutable parameters must all be ones the admin allowed (--mutable-parameters).
+pub fn check_mutable(d: &Driver, params: &HashMap<String, String>) -> CsiResult<BTreeMap<String, String>> {
+    validate::map(params, "mutable_parameters")?;
+    let allowed = &d.config.mutable_parameters;
+    let mut refused: Vec<&String> = params.keys().filter(|k| !allowed.contains(*k)).collect();
+    if !refused.is_empty() {
+        refused.sort();
+        return Err(CsiError::invalid(
+            "mutable_parameters",
+            format!(
+                "{refused:?} cannot be set or modified; this driver accepts only {:?} (--mutable-parameters)",
+                allowed
+            ),
+        ));
+    }
+    Ok(params.clone().into_iter().collect())
+}
+
+/// Whether the volume is reachable from the requested topology.
+fn check_topology(d: &Driver, req: Option<&csi::TopologyRequirement>) -> CsiResult<Vec<BTreeMap<String, String>>> {
+    let offered = d.backend.volume_topology();
+    let Some(req) = req else { return Ok(offered) };
+    let matches = |t: &csi::Topology| {
+        offered.iter().any(|o| {
+            t.segments.iter().all(|(k, v)| !k.starts_with(crate::config::TOPOLOGY_PREFIX) || o.get(k) == Some(v))
+        })
+    };
+    if !req.requisite.is_empty() && !req.requisite.iter().any(matches) {
+        return Err(CsiError::ResourceExhausted(format!(
+            "none of the requisite topologies {:?} can be served; this driver offers {offered:?}",
+            req.requisite.iter().map(|t| &t.segments).collect::<Vec<_>>()
+        )));
+    }
+    Ok(offered)
+}
+
+/// Why an existing volume of the same name does not answer this request.
+fn mismatch(existing: &Volume, range: &SizeRange, caps: &[Capability], parameters: &BTreeMap<String, String>, source: &Option<ContentSource>) -> Option<String> {
+    if !range.admits(existing.capacity_bytes) {
+        return Some(format!(
+            "it has {} bytes, outside the requested range [{}, {}]",
+            existing.capacity_bytes, range.required, range.limit
+        ));
+    }
+    if existing.capabilities != caps {
+        return Some(format!("it was created with capabilities {:?}", existing.capabilities));
+    }
+    if existing.parameters != *parameters {
+        return Some(format!("it was created with parameters {:?}", existing.parameters));
+    }
+    if existing.source != *source {
+        return Some(format!("it was created from {:?}", existing.source));
+    }
+    None
+}
+
+pub async fn create_volume(d: &Driver, req: csi::CreateVolumeRequest) -> CsiResult<csi::CreateVolumeResponse> {
+    let name = validate::id(&req.name, "name")?.to_string();
+    let caps = Capability::list_from_wire(&req.volume_capabilities, "volume_capabilities")?;
+    validate::map(&req.parameters, "parameters")?;
+    validate::secrets(&req.secrets)?;
+    let range = SizeRange::from_wire(req.capacity_range.as_ref())?;
+    let typed: VolumeParams = params::decode(&req.parameters, "parameters")?;
+    let backing = decide_backing(&caps, typed.backing)?;
+    let mutable = check_mutable(d, &req.mutable_parameters)?;
+    let source = decode_source(req.volume_content_source.as_ref())?;
+    let topology = check_topology(d, req.accessibility_requirements.as_ref())?;
+    let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
+
+    let mut keys = vec![volume_name_key(&name)];
+    if let Some(ContentSource::Volume(src)) = &source {
+        keys.push(volume_key(src));
+    }
+    let _guard = d.limiter.try_acquire(&keys)?;
+
+    let lookup = name.clone();
+    let mut vol = match d.db(move |s| s.volume_by_name(&lookup)).await? {
+        Some(existing) => {
+            if let Some(why) = mismatch(&existing, &range, &caps, &parameters, &source) {
+                return Err(CsiError::AlreadyExists(format!(
+                    "a volume named {name:?} already exists ({}) and {why}",
+                    existing.id
+                )));
+            }
+            match existing.lifecycle {
+                Lifecycle::Ready => return Ok(reply(&existing)),
+                Lifecycle::Provisioning => existing,
+                Lifecycle::Deleting => {
+                    return Err(CsiError::Aborted(format!(
+                        "volume {:?} named {name:?} is being deleted; retry once DeleteVolume completes",
+                        existing.id
+                    )))
+                }
+            }
+        }
+        None => {
+            let floor = match &backing {
+                Backing::BlockFile { .. } => MIN_BLOCK_FILE_SIZE,
+                Backing::Directory => 0,
+            };
+            let mut size = range.choose(floor, d.config.max_volume_size)?;
+            if let Some(src) = &source {
+                let src_size = source_size(d, src).await?;
+                if src_size > size {
+                    if range.limit > 0 && src_size > range.limit {
+                        return Err(CsiError::OutOfRange(format!(
+                            "the source holds {src_size} bytes, more than limit_bytes={}",
+                            range.limit
+                        )));
+                    }
+                    size = src_size;
+                }
+            }
+            let total = d.backend.total_capacity().await?;
+            let used = d.db(|s| s.allocated_bytes()).await?;
+            if used.saturating_add(size) > total {
+                return Err(CsiError::ResourceExhausted(format!(
+                    "{size} bytes requested but only {} of {total} bytes are free",
+                    total.saturating_sub(used)
+                )));
+            }
+            let (secs, _) = now();
+            let vol = Volume {
+                id: format!("vol-{}", uuid::Uuid::new_v4().simple()),
+                name: name.clone(),
+                capacity_bytes: size,
+                backing,
+                capabilities: caps,
+                parameters,
+                mutable_parameters: mutable,
+                source: source.clone(),
+                topology,
+                context: BTreeMap::new(),
+                created_unix: secs,
+                lifecycle: Lifecycle::Provisioning,
+                ephemeral: false,
+                nodes: BTreeMap::new(),
+            };
+            d.put_volume(&vol).await?;
+            vol
+        }
+    };
+
+    match &vol.source {
+        None => d.backend.create_volume(&vol, None).await?,
+        Some(ContentSource::Snapshot(id)) => {
+            let snap = ready_snapshot(d, id).await?;
+            d.backend.create_volume(&vol, Some(SourceData::Snapshot(&snap))).await?
+        }
+        Some(ContentSource::Volume(id)) => {
+            let src = d.volume(id).await?;
+            if src.lifecycle != Lifecycle::Ready {
+                return Err(CsiError::VolumeNotFound(id.clone()));
+            }
+            d.backend.create_volume(&vol, Some(SourceData::Volume(&src))).await?
+        }
+    }
+    vol.lifecycle = Lifecycle::Ready;
+    d.put_volume(&vol).await?;
+    tracing::info!(volume_id = %vol.id, name = %vol.name, bytes = vol.capacity_bytes, backing = ?vol.backing, "volume created");
+    Ok(reply(&vol))
+}
+
+fn reply(vol: &Volume) -> csi::CreateVolumeResponse {
+    csi::CreateVolumeResponse {
+        volume: Some(wire::volume(vol)),
+    }
+}
+
+async fn ready_snapshot(d: &Driver, id: &str) -> CsiResult<crate::volume::Snapshot> {
+    let key = id.to_string();
+    match d.db(move |s| s.snapshot(&key)).await? {
+        Some(s) if s.lifecycle == Lifecycle::Ready => Ok(s),
+        _ => Err(CsiError::SnapshotNotFound(id.to_string())),
+    }
+}
+
+async fn source_size(d: &Driver, source: &ContentSource) -> CsiResult<u64> {
+    match source {
+        ContentSource::Snapshot(id) => Ok(ready_snapshot(d, id).await?.size_bytes),
+        ContentSource::Volume(id) => {
+            let v = d.volume(id).await?;
+            if v.lifecycle != Lifecycle::Ready {
+                return Err(CsiError::VolumeNotFound(id.clone()));
+            }
+            Ok(v.capacity_bytes)
+        }
+    }
+}
+
+pub async fn delete_volume(d: &Driver, req: csi::DeleteVolumeRequest) -> CsiResult<csi::DeleteVolumeResponse> {
+    let id = validate::id(&req.volume_id, "volume_id")?.to_string();
+    validate::secrets(&req.secrets)?;
+    let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
+    let key = id.clone();
+    let Some(mut vol) = d.db(move |s| s.volume(&key)).await? else {
+        // Deleting what does not exist is success: the CO may be retrying.
+        return Ok(csi::DeleteVolumeResponse {});
+    };
+    crate::state::delete(&vol)?;
+    if vol.lifecycle != Lifecycle::Deleting {
+        vol.lifecycle = Lifecycle::Deleting;
+        d.put_volume(&vol).await?;
+    }
+    d.backend.delete_volume(&vol).await?;
+    d.db(move |s| s.remove_volume(&id)).await?;
+    tracing::info!(volume_id = %vol.id, name = %vol.name, "volume deleted");
+    Ok(csi::DeleteVolumeResponse {})
+}
+
+pub async fn expand_volume(d: &Driver, req: csi::ControllerExpandVolumeRequest) -> CsiResult<csi::ControllerExpandVolumeResponse> {
+    let id = validate::id(&req.volume_id, "volume_id")?.to_string();
+    let range = SizeRange::from_wire(Some(req.capacity_range.as_ref().ok_or(CsiError::Missing("capacity_range"))?))?;
+    if range.required == 0 && range.limit == 0 {
+        return Err(CsiError::invalid("capacity_range", "neither required_bytes nor limit_bytes is set"));
+    }
+    validate::secrets(&req.secrets)?;
+    let cap = req
+        .volume_capability
+        .as_ref()
+        .map(|c| Capability::from_wire(c, "volume_capability"))
+        .transpose()?;
+    let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
+    let mut vol = d.volume(&id).await?;
+    if vol.lifecycle != Lifecycle::Ready {
+        return Err(CsiError::VolumeNotFound(id));
+    }
+    let node_expansion_required = match (&vol.backing, cap.as_ref().map(|c| &c.access)) {
+        (Backing::Directory, _) => false,
+        // A block-file volume: the node refreshes the loop device and, for
+        // mount access, grows the filesystem.
+        (Backing::BlockFile { .. }, Some(AccessType::Block)) => true,
+        (Backing::BlockFile { .. }, _) => true,
+    };
+    let target = if range.required > 0 { range.required } else { range.limit };
+    if target <= vol.capacity_bytes {
+        // Already at least that large; volumes never shrink.
+        return Ok(csi::ControllerExpandVolumeResponse {
+            capacity_bytes: vol.capacity_bytes as i64,
+            node_expansion_required: false,
+        });
+    }
+    if target > d.config.max_volume_size {
+        return Err(CsiError::OutOfRange(format!(
+            "{target} bytes requested; this driver's maximum volume size is {} bytes",
+            d.config.max_volume_size
+        )));
+    }
+    let total = d.backend.total_capacity().await?;
+    let used = d.db(|s| s.allocated_bytes()).await?;
+    let growth = target - vol.capacity_bytes;
+    if used.saturating_add(growth) > total {
+        return Err(CsiError::ResourceExhausted(format!(
+            "growing by {growth} bytes needs more than the {} bytes free",
+            total.saturating_sub(used)
+        )));
+    }
+    d.backend.expand_volume(&vol, target).await?;
+    vol.capacity_bytes = target;
+    d.put_volume(&vol).await?;
+    tracing::info!(volume_id = %vol.id, bytes = target, "volume expanded");
+    Ok(csi::ControllerExpandVolumeResponse {
+        capacity_bytes: target as i64,
+        node_expansion_required,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_respect_the_range() {
+        let r = SizeRange { required: 10, limit: 0 };
+        assert_eq!(r.choose(0, u64::MAX).unwrap(), 4096);
+        let r = SizeRange { required: 10, limit: 100 };
+        assert_eq!(r.choose(0, u64::MAX).unwrap(), 10, "no alignment beyond the limit");
+        assert_eq!(SizeRange { required: 0, limit: 0 }.choose(0, u64::MAX).unwrap(), DEFAULT_VOLUME_SIZE);
+        assert_eq!(SizeRange { required: 5 << 30, limit: 0 }.choose(0, 1 << 30).unwrap_err().code(), tonic::Code::OutOfRange);
+        assert_eq!(SizeRange { required: 0, limit: 1 << 20 }.choose(16 << 20, u64::MAX).unwrap_err().code(), tonic::Code::OutOfRange);
+    }
+
+    #[test]
+    fn bad_ranges_are_invalid() {
+        let bad = csi::CapacityRange { required_bytes: 10, limit_bytes: 5 };
+        assert_eq!(SizeRange::from_wire(Some(&bad)).unwrap_err().code(), tonic::Code::InvalidArgument);
+        let neg = csi::CapacityRange { required_bytes: -1, limit_bytes: 0 };
+        assert_eq!(SizeRange::from_wire(Some(&neg)).unwrap_err().code(), tonic::Code::InvalidArgument);
+    }
+}

@@ -1,0 +1,83 @@
+//! ControllerPublishVolume / ControllerUnpublishVolume: NODE_READY on a node.
+
+use crate::capability::Capability;
+use crate::csi;
+use crate::driver::Driver;
+use crate::error::{CsiError, CsiResult};
+use crate::limiter::volume_key;
+use crate::state::{self, AttachLimit, Step};
+use crate::validate;
+
+pub async fn publish(d: &Driver, req: csi::ControllerPublishVolumeRequest) -> CsiResult<csi::ControllerPublishVolumeResponse> {
+    let id = validate::id(&req.volume_id, "volume_id")?.to_string();
+    let node_id = validate::id(&req.node_id, "node_id")?.to_string();
+    let cap = Capability::required(req.volume_capability.as_ref(), "volume_capability")?;
+    validate::secrets(&req.secrets)?;
+    validate::map(&req.volume_context, "volume_context")?;
+
+    let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
+    let vol = d.volume(&id).await?;
+    if !d.backend.node_known(&node_id).await? {
+        return Err(CsiError::NodeNotFound(node_id));
+    }
+    let limit = match d.config.max_volumes_per_node {
+        0 => None,
+        max => {
+            let node = node_id.clone();
+            let attached_on_node = d.db(move |s| s.attached_count(&node)).await?;
+            Some(AttachLimit { attached_on_node, max })
+        }
+    };
+    let mut next = match state::controller_publish(&vol, &node_id, req.readonly, &cap, limit)? {
+        Step::Unchanged => {
+            let context = vol
+                .node(&node_id)
+                .and_then(|n| n.attachment.as_ref())
+                .map(|a| a.publish_context.clone())
+                .unwrap_or_default();
+            return Ok(csi::ControllerPublishVolumeResponse {
+                publish_context: context.into_iter().collect(),
+            });
+        }
+        Step::Next(next) => next,
+    };
+    let context = d.backend.attach(&vol, &node_id).await?;
+    if let Some(a) = next.nodes.get_mut(&node_id).and_then(|n| n.attachment.as_mut()) {
+        a.publish_context = context.clone();
+    }
+    d.put_volume(&next).await?;
+    tracing::info!(volume_id = %id, node_id = %node_id, readonly = req.readonly, "volume NODE_READY");
+    Ok(csi::ControllerPublishVolumeResponse {
+        publish_context: context.into_iter().collect(),
+    })
+}
+
+pub async fn unpublish(d: &Driver, req: csi::ControllerUnpublishVolumeRequest) -> CsiResult<csi::ControllerUnpublishVolumeResponse> {
+    let id = validate::id(&req.volume_id, "volume_id")?.to_string();
+    if !req.node_id.is_empty() {
+        validate::id(&req.node_id, "node_id")?;
+    }
+    validate::secrets(&req.secrets)?;
+    let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
+    let key = id.clone();
+    let Some(vol) = d.db(move |s| s.volume(&key)).await? else {
+        // A volume that no longer exists is unpublished from every node.
+        return Ok(csi::ControllerUnpublishVolumeResponse {});
+    };
+    // An empty node_id means "from every node".
+    let nodes: Vec<String> = if req.node_id.is_empty() {
+        vol.attached_nodes().map(str::to_string).collect()
+    } else {
+        vec![req.node_id.clone()]
+    };
+    let mut current = vol;
+    for node_id in nodes {
+        if let Step::Next(next) = state::controller_unpublish(&current, &node_id) {
+            d.backend.detach(&current, &node_id).await?;
+            d.put_volume(&next).await?;
+            tracing::info!(volume_id = %id, node_id = %node_id, "volume detached from node");
+            current = *next;
+        }
+    }
+    Ok(csi::ControllerUnpublishVolumeResponse {})
+}

@@ -1,0 +1,24 @@
+//! csi-relay: a CSI driver that relays volume operations to a member
+//! cluster's storage; standalone it serves volumes from an embedded local
+//! backend. See README.md for the big picture.
+
+pub mod backend;
+pub mod capability;
+pub mod config;
+pub mod controller;
+pub mod csi;
+pub mod driver;
+pub mod endpoint;
+pub mod error;
+pub mod limiter;
+pub mod mount;
+pub mod node;
+pub mod observe;
+pub mod page_token;
+pub mod params;
+pub mod server;
+pub mod service;
+pub mod state;
+pub mod store;
+pub mod validate;
+pub mod volume;

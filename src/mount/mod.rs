@@ -1,0 +1,9 @@
+//! The mount layer: what is mounted (mountinfo), mount/unmount syscalls,
+//! loop devices and filesystems. No CSI types here.
+
+pub mod filesystem;
+pub mod loopdev;
+pub mod mountinfo;
+pub mod options;
+pub mod syscalls;
+pub mod target_path;

@@ -1,0 +1,56 @@
+//! Guards for paths the CO asks us to mount on. A hostile or mistaken path
+//! must never put a mount over a system directory.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// System trees no CSI staging or target path may be in.
+const FORBIDDEN_TREES: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot"];
+/// Directories that may hold CSI paths but must never be mounted over themselves.
+const FORBIDDEN_EXACT: &[&str] = &["/", "/var", "/var/lib", "/tmp", "/root", "/home", "/run", "/mnt", "/opt", "/srv"];
+
+/// Resolves `path` as far as it exists (symlinks included) and checks it.
+pub fn check(path: &Path) -> io::Result<PathBuf> {
+    let mut existing = path.to_path_buf();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name.to_os_string());
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut resolved = std::fs::canonicalize(&existing)?;
+    for name in rest.into_iter().rev() {
+        resolved.push(name);
+    }
+    let forbidden = FORBIDDEN_TREES.iter().any(|t| resolved.starts_with(t))
+        || FORBIDDEN_EXACT.iter().any(|t| resolved == Path::new(t));
+    if forbidden {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} resolves to {}, a system path this driver never mounts on", path.display(), resolved.display()),
+        ));
+    }
+    Ok(resolved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_paths_and_links_into_them_are_refused() {
+        assert!(check(Path::new("/etc/x")).is_err());
+        assert!(check(Path::new("/tmp")).is_err());
+        assert!(check(Path::new("/proc/self")).is_err());
+        let tmp = tempfile::tempdir().unwrap();
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink("/etc", &link).unwrap();
+        assert!(check(&link.join("target")).is_err());
+        let ok = tmp.path().join("not/yet/there");
+        assert_eq!(check(&ok).unwrap(), std::fs::canonicalize(tmp.path()).unwrap().join("not/yet/there"));
+    }
+}

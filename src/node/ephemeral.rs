@@ -1,0 +1,84 @@
+//! Ephemeral inline volumes (`csi.storage.k8s.io/ephemeral=true`): created by
+//! the first NodePublishVolume, deleted with the last NodeUnpublishVolume.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use crate::backend::NodeSource;
+use crate::capability::Capability;
+use crate::controller::provision::DEFAULT_VOLUME_SIZE;
+use crate::driver::{now, Driver};
+use crate::error::{CsiError, CsiResult};
+use crate::volume::{Backing, Lifecycle, Volume};
+
+pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
+
+pub fn requested(context: &HashMap<String, String>) -> bool {
+    context.get(EPHEMERAL_KEY).is_some_and(|v| v == "true")
+}
+
+/// The volume's record, created (with its storage) on first use.
+pub async fn ensure(d: &Driver, id: &str, context: &HashMap<String, String>, cap: &Capability) -> CsiResult<Volume> {
+    let key = id.to_string();
+    if let Some(existing) = d.db(move |s| s.volume(&key)).await? {
+        if !existing.ephemeral {
+            return Err(CsiError::AlreadyExists(format!(
+                "volume {id:?} exists as a persistent volume; it cannot be used inline"
+            )));
+        }
+        if existing.lifecycle == Lifecycle::Ready {
+            return Ok(existing);
+        }
+    }
+    if cap.is_block() {
+        return Err(CsiError::invalid("volume_capability", "ephemeral inline volumes support mount access only"));
+    }
+    // The id is chosen by kubelet, but it becomes a directory name: only a
+    // plain name is accepted.
+    let safe = id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') && !id.starts_with('-');
+    if !safe {
+        return Err(CsiError::invalid("volume_id", format!("{id:?}: inline volume ids must be [A-Za-z0-9_-]")));
+    }
+    let (secs, _) = now();
+    let mut vol = Volume {
+        id: id.to_string(),
+        name: format!("ephemeral/{id}"),
+        capacity_bytes: DEFAULT_VOLUME_SIZE,
+        backing: Backing::Directory,
+        capabilities: vec![cap.clone()],
+        parameters: BTreeMap::new(),
+        mutable_parameters: BTreeMap::new(),
+        source: None,
+        topology: d.backend.volume_topology(),
+        context: context.clone().into_iter().collect(),
+        created_unix: secs,
+        lifecycle: Lifecycle::Provisioning,
+        ephemeral: true,
+        nodes: BTreeMap::new(),
+    };
+    d.put_volume(&vol).await?;
+    d.backend.create_volume(&vol, None).await?;
+    vol.lifecycle = Lifecycle::Ready;
+    d.put_volume(&vol).await?;
+    tracing::info!(volume_id = %id, "ephemeral volume created");
+    Ok(vol)
+}
+
+pub fn data_dir(d: &Driver, vol: &Volume) -> CsiResult<PathBuf> {
+    match d.backend.node_source(vol)? {
+        NodeSource::Directory(p) => Ok(p),
+        NodeSource::BlockFile(_) => Err(CsiError::Internal("ephemeral volumes are directories".into())),
+    }
+}
+
+/// Deletes an ephemeral volume once nothing uses it.
+pub async fn remove(d: &Driver, vol: &Volume) -> CsiResult<()> {
+    let mut marked = vol.clone();
+    marked.lifecycle = Lifecycle::Deleting;
+    d.put_volume(&marked).await?;
+    d.backend.delete_volume(vol).await?;
+    let id = vol.id.clone();
+    d.db(move |s| s.remove_volume(&id)).await?;
+    tracing::info!(volume_id = %vol.id, "ephemeral volume deleted");
+    Ok(())
+}

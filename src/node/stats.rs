@@ -1,0 +1,74 @@
+//! NodeGetVolumeStats: usage of a staged or published volume, and its condition.
+
+use std::path::Path;
+
+use crate::csi::{self, volume_usage::Unit};
+use crate::driver::Driver;
+use crate::error::{CsiError, CsiResult};
+use crate::mount::mountinfo;
+use crate::validate;
+use crate::volume::Volume;
+
+/// The record of `path` on this node: (is it a staging path, capability).
+fn locate<'a>(vol: &'a Volume, node_id: &str, path: &str) -> Option<(bool, &'a crate::capability::Capability)> {
+    let node = vol.node(node_id)?;
+    if let Some(p) = node.targets.get(path) {
+        return Some((false, &p.capability));
+    }
+    node.stage
+        .as_ref()
+        .filter(|s| s.path == path)
+        .map(|s| (true, &s.capability))
+}
+
+pub async fn stats(d: &Driver, req: csi::NodeGetVolumeStatsRequest) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+    let id = validate::id(&req.volume_id, "volume_id")?;
+    if req.volume_path.is_empty() {
+        return Err(CsiError::Missing("volume_path"));
+    }
+    let vol = d.volume(id).await?;
+    let Some((is_staging, cap)) = locate(&vol, &d.config.node_id, &req.volume_path) else {
+        return Err(CsiError::NotFound(format!(
+            "volume {id:?} is neither staged nor published at {:?} on this node",
+            req.volume_path
+        )));
+    };
+    let path = Path::new(&req.volume_path);
+    let probe = if cap.is_block() && is_staging {
+        path.join(crate::node::mounter::BLOCK_DEVICE_FILE)
+    } else {
+        path.to_path_buf()
+    };
+    let mut health = d.backend.health(&vol).await;
+    let mount = mountinfo::mounted_at(&probe).map_err(|e| CsiError::io("read mountinfo for", &probe, e))?;
+    if !health.abnormal && mount.is_none() {
+        health.abnormal = true;
+        health.message = format!("{} is recorded but not mounted", probe.display());
+    }
+    let condition = Some(crate::controller::wire::condition(&health));
+    if mount.is_none() {
+        return Ok(csi::NodeGetVolumeStatsResponse { usage: vec![], volume_condition: condition });
+    }
+    let usage = if cap.is_block() {
+        let size = std::fs::metadata(d.backend_path(&vol)?).map(|m| m.len()).unwrap_or(vol.capacity_bytes);
+        vec![csi::VolumeUsage { available: 0, total: size as i64, used: 0, unit: Unit::Bytes as i32 }]
+    } else {
+        let st = nix::sys::statvfs::statvfs(&probe).map_err(|e| CsiError::io("statvfs", &probe, e.into()))?;
+        let frag = st.fragment_size() as i64;
+        vec![
+            csi::VolumeUsage {
+                available: st.blocks_available() as i64 * frag,
+                total: st.blocks() as i64 * frag,
+                used: (st.blocks() as i64 - st.blocks_free() as i64) * frag,
+                unit: Unit::Bytes as i32,
+            },
+            csi::VolumeUsage {
+                available: st.files_available() as i64,
+                total: st.files() as i64,
+                used: st.files() as i64 - st.files_free() as i64,
+                unit: Unit::Inodes as i32,
+            },
+        ]
+    };
+    Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition: condition })
+}

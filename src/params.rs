@@ -1,0 +1,80 @@
+//! StorageClass `parameters` decoded into a typed struct: an unknown or
+//! malformed key is one clear INVALID_ARGUMENT naming it.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use crate::error::{CsiError, CsiResult};
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackingChoice {
+    /// Decide from the capabilities: raw block or an explicit fs_type gets a
+    /// block file, plain mount access gets a directory.
+    #[default]
+    Auto,
+    Directory,
+    Block,
+}
+
+#[derive(Deserialize, Debug, Default, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeParams {
+    /// How the local backend stores the volume.
+    #[serde(default)]
+    pub backing: BackingChoice,
+    /// Filled in by external-provisioner's --extra-create-metadata.
+    #[serde(rename = "csi.storage.k8s.io/pvc/name")]
+    pub pvc_name: Option<String>,
+    #[serde(rename = "csi.storage.k8s.io/pvc/namespace")]
+    pub pvc_namespace: Option<String>,
+    #[serde(rename = "csi.storage.k8s.io/pv/name")]
+    pub pv_name: Option<String>,
+}
+
+#[derive(Deserialize, Debug, Default, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotParams {
+    #[serde(rename = "csi.storage.k8s.io/volumesnapshot/name")]
+    pub snapshot_name: Option<String>,
+    #[serde(rename = "csi.storage.k8s.io/volumesnapshot/namespace")]
+    pub snapshot_namespace: Option<String>,
+    #[serde(rename = "csi.storage.k8s.io/volumesnapshotcontent/name")]
+    pub content_name: Option<String>,
+}
+
+pub fn decode<T: for<'de> Deserialize<'de>>(map: &HashMap<String, String>, field: &'static str) -> CsiResult<T> {
+    // Going through a JSON object gives serde's precise messages ("unknown
+    // field `x`, expected one of ...") and proper Option handling.
+    let object: serde_json::Map<String, serde_json::Value> = map
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| CsiError::invalid(field, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn decodes_known_keys() {
+        let p: VolumeParams = decode(&m(&[("backing", "block"), ("csi.storage.k8s.io/pvc/name", "data")]), "parameters").unwrap();
+        assert_eq!(p.backing, BackingChoice::Block);
+        assert_eq!(p.pvc_name.as_deref(), Some("data"));
+        assert_eq!(decode::<VolumeParams>(&HashMap::new(), "parameters").unwrap(), VolumeParams::default());
+    }
+
+    #[test]
+    fn unknown_or_bad_values_name_the_problem() {
+        let err = decode::<VolumeParams>(&m(&[("bogus", "1")]), "parameters").unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+        let err = decode::<VolumeParams>(&m(&[("backing", "tape")]), "parameters").unwrap_err();
+        assert!(err.to_string().contains("tape"), "{err}");
+    }
+}

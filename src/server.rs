@@ -1,0 +1,174 @@
+//! Start-up and shutdown: open the store, build the backend, reconcile the
+//! node, serve gRPC on the endpoint until SIGTERM/SIGINT, clean the socket.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::Server;
+
+use crate::backend::local::LocalBackend;
+use crate::config::{DriverConfig, ServeArgs};
+use crate::csi::{
+    controller_server::ControllerServer, group_controller_server::GroupControllerServer,
+    identity_server::IdentityServer, node_server::NodeServer,
+};
+use crate::driver::Driver;
+use crate::endpoint::Endpoint;
+use crate::service::{
+    controller::ControllerService, group_controller::GroupControllerService, identity::IdentityService,
+    node::NodeService,
+};
+use crate::store::Store;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid setting: {0}")]
+    Config(String),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Driver(#[from] crate::error::CsiError),
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StartError + 'a {
+    move |source| StartError::Io {
+        what,
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The CSI spec's rule for plugin names (what csi-sanity checks too).
+fn valid_driver_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() >= 2
+        && b.len() <= 63
+        && b[0].is_ascii_alphabetic()
+        && b[b.len() - 1].is_ascii_alphabetic()
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-._".contains(c))
+}
+
+/// Builds the driver (store, backend, settings) from the command line.
+pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
+    if !valid_driver_name(&args.driver_name) {
+        return Err(StartError::Config(format!(
+            "--driver-name {:?} must be 2-63 characters of [A-Za-z0-9.-_], starting and ending with a letter",
+            args.driver_name
+        )));
+    }
+    if args.node_id.is_empty() || args.node_id.len() > crate::validate::MAX_ID_LEN {
+        return Err(StartError::Config("--node-id must be 1-128 bytes".into()));
+    }
+    std::fs::create_dir_all(&args.state_dir).map_err(io("create state directory", &args.state_dir))?;
+    let store = Store::open(&args.state_dir)?;
+    let backend = LocalBackend::new(&args.state_dir, &args.node_id, args.capacity)?;
+    let capacity = {
+        use crate::backend::Backend;
+        backend.total_capacity().await?
+    };
+    let config = DriverConfig {
+        driver_name: args.driver_name.clone(),
+        node_id: args.node_id.clone(),
+        mode: args.mode,
+        max_volumes_per_node: args.max_volumes_per_node,
+        capacity,
+        max_volume_size: args.max_volume_size.unwrap_or(capacity),
+        mutable_parameters: args.mutable_parameters.iter().filter(|s| !s.is_empty()).cloned().collect(),
+        state_dir: args.state_dir.clone(),
+    };
+    Ok(Driver::new(config, store, Arc::new(backend)))
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+                _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+            }
+        }
+        _ => {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await
+        }
+    }
+}
+
+/// Serves until a shutdown signal arrives.
+pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
+    let driver = build(&args).await?;
+    if driver.config.mode.node() {
+        crate::node::reconcile::reconcile(&driver).await?;
+    }
+    let mut router = Server::builder().add_service(IdentityServer::new(IdentityService::new(driver.clone())));
+    if driver.config.mode.controller() {
+        router = router
+            .add_service(ControllerServer::new(ControllerService::new(driver.clone())))
+            .add_service(GroupControllerServer::new(GroupControllerService::new(driver.clone())));
+    }
+    if driver.config.mode.node() {
+        router = router.add_service(NodeServer::new(NodeService::new(driver.clone())));
+    }
+    tracing::info!(
+        endpoint = %args.endpoint,
+        driver = %driver.config.driver_name,
+        node = %driver.config.node_id,
+        mode = ?driver.config.mode,
+        state_dir = %args.state_dir.display(),
+        "csi-relay serving"
+    );
+    match &args.endpoint {
+        Endpoint::Unix(path) => {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(io("create socket directory", parent))?;
+            }
+            // A socket left by a killed predecessor would make bind fail.
+            match std::fs::remove_file(path) {
+                Ok(()) => tracing::info!(socket = %path.display(), "removed stale socket"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove stale socket", path)(e)),
+            }
+            let listener = tokio::net::UnixListener::bind(path).map_err(io("listen on", path))?;
+            let result = router
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
+                .await;
+            let _ = std::fs::remove_file(path);
+            result?;
+        }
+        Endpoint::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Io { what: "listen on", path: addr.to_string(), source })?;
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal())
+                .await?;
+        }
+    }
+    tracing::info!("csi-relay stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_names_follow_the_spec() {
+        assert!(valid_driver_name("relay.csi.dev"));
+        assert!(!valid_driver_name("relay.csi.dev1"));
+        assert!(!valid_driver_name("-relay"));
+        assert!(!valid_driver_name(&"a".repeat(64)));
+    }
+}

@@ -1,0 +1,151 @@
+//! CSI Controller service: decodes nothing itself, delegates each RPC to
+//! `crate::controller`.
+
+use tonic::{Request, Response, Status};
+
+use crate::controller::{capacity, listing, modify, provision, publish, snapshot};
+use crate::csi::{self, controller_server::Controller, controller_service_capability::rpc::Type};
+use crate::driver::Driver;
+use crate::observe::rpc;
+
+pub struct ControllerService {
+    driver: Driver,
+}
+
+impl ControllerService {
+    pub fn new(driver: Driver) -> Self {
+        ControllerService { driver }
+    }
+}
+
+/// Exactly what this controller implements.
+pub const CAPABILITIES: &[Type] = &[
+    Type::CreateDeleteVolume,
+    Type::PublishUnpublishVolume,
+    Type::ListVolumes,
+    Type::GetCapacity,
+    Type::CreateDeleteSnapshot,
+    Type::ListSnapshots,
+    Type::CloneVolume,
+    Type::PublishReadonly,
+    Type::ExpandVolume,
+    Type::ListVolumesPublishedNodes,
+    Type::VolumeCondition,
+    Type::GetVolume,
+    Type::SingleNodeMultiWriter,
+    Type::ModifyVolume,
+];
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    async fn create_volume(&self, r: Request<csi::CreateVolumeRequest>) -> Reply<csi::CreateVolumeResponse> {
+        let req = r.into_inner();
+        let name = req.name.clone();
+        rpc("CreateVolume", &name, provision::create_volume(&self.driver, req)).await
+    }
+
+    async fn delete_volume(&self, r: Request<csi::DeleteVolumeRequest>) -> Reply<csi::DeleteVolumeResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("DeleteVolume", &id, provision::delete_volume(&self.driver, req)).await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        r: Request<csi::ControllerPublishVolumeRequest>,
+    ) -> Reply<csi::ControllerPublishVolumeResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ControllerPublishVolume", &id, publish::publish(&self.driver, req)).await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        r: Request<csi::ControllerUnpublishVolumeRequest>,
+    ) -> Reply<csi::ControllerUnpublishVolumeResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ControllerUnpublishVolume", &id, publish::unpublish(&self.driver, req)).await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        r: Request<csi::ValidateVolumeCapabilitiesRequest>,
+    ) -> Reply<csi::ValidateVolumeCapabilitiesResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ValidateVolumeCapabilities", &id, listing::validate_capabilities(&self.driver, req)).await
+    }
+
+    async fn list_volumes(&self, r: Request<csi::ListVolumesRequest>) -> Reply<csi::ListVolumesResponse> {
+        rpc("ListVolumes", "", listing::list_volumes(&self.driver, r.into_inner())).await
+    }
+
+    async fn get_capacity(&self, r: Request<csi::GetCapacityRequest>) -> Reply<csi::GetCapacityResponse> {
+        rpc("GetCapacity", "", capacity::get_capacity(&self.driver, r.into_inner())).await
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        _: Request<csi::ControllerGetCapabilitiesRequest>,
+    ) -> Reply<csi::ControllerGetCapabilitiesResponse> {
+        use csi::controller_service_capability::{Rpc, Type as CapType};
+        rpc("ControllerGetCapabilities", "", async {
+            Ok(csi::ControllerGetCapabilitiesResponse {
+                capabilities: CAPABILITIES
+                    .iter()
+                    .map(|t| csi::ControllerServiceCapability {
+                        r#type: Some(CapType::Rpc(Rpc { r#type: *t as i32 })),
+                    })
+                    .collect(),
+            })
+        })
+        .await
+    }
+
+    async fn create_snapshot(&self, r: Request<csi::CreateSnapshotRequest>) -> Reply<csi::CreateSnapshotResponse> {
+        let req = r.into_inner();
+        let name = req.name.clone();
+        rpc("CreateSnapshot", &name, snapshot::create_snapshot(&self.driver, req)).await
+    }
+
+    async fn delete_snapshot(&self, r: Request<csi::DeleteSnapshotRequest>) -> Reply<csi::DeleteSnapshotResponse> {
+        let req = r.into_inner();
+        let id = req.snapshot_id.clone();
+        rpc("DeleteSnapshot", &id, snapshot::delete_snapshot(&self.driver, req)).await
+    }
+
+    async fn list_snapshots(&self, r: Request<csi::ListSnapshotsRequest>) -> Reply<csi::ListSnapshotsResponse> {
+        rpc("ListSnapshots", "", snapshot::list_snapshots(&self.driver, r.into_inner())).await
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        r: Request<csi::ControllerExpandVolumeRequest>,
+    ) -> Reply<csi::ControllerExpandVolumeResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ControllerExpandVolume", &id, provision::expand_volume(&self.driver, req)).await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        r: Request<csi::ControllerGetVolumeRequest>,
+    ) -> Reply<csi::ControllerGetVolumeResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ControllerGetVolume", &id, listing::get_volume(&self.driver, req)).await
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        r: Request<csi::ControllerModifyVolumeRequest>,
+    ) -> Reply<csi::ControllerModifyVolumeResponse> {
+        let req = r.into_inner();
+        let id = req.volume_id.clone();
+        rpc("ControllerModifyVolume", &id, modify::modify_volume(&self.driver, req)).await
+    }
+}
+

@@ -1,0 +1,67 @@
+//! CSI GroupController service (volume group snapshots).
+
+use tonic::{Request, Response, Status};
+
+use crate::controller::group_snapshot;
+use crate::csi::{self, group_controller_server::GroupController, group_controller_service_capability::rpc::Type};
+use crate::driver::Driver;
+use crate::observe::rpc;
+
+pub struct GroupControllerService {
+    driver: Driver,
+}
+
+impl GroupControllerService {
+    pub fn new(driver: Driver) -> Self {
+        GroupControllerService { driver }
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl GroupController for GroupControllerService {
+    async fn group_controller_get_capabilities(
+        &self,
+        _: Request<csi::GroupControllerGetCapabilitiesRequest>,
+    ) -> Reply<csi::GroupControllerGetCapabilitiesResponse> {
+        use csi::group_controller_service_capability::{Rpc, Type as CapType};
+        rpc("GroupControllerGetCapabilities", "", async {
+            Ok(csi::GroupControllerGetCapabilitiesResponse {
+                capabilities: vec![csi::GroupControllerServiceCapability {
+                    r#type: Some(CapType::Rpc(Rpc {
+                        r#type: Type::CreateDeleteGetVolumeGroupSnapshot as i32,
+                    })),
+                }],
+            })
+        })
+        .await
+    }
+
+    async fn create_volume_group_snapshot(
+        &self,
+        r: Request<csi::CreateVolumeGroupSnapshotRequest>,
+    ) -> Reply<csi::CreateVolumeGroupSnapshotResponse> {
+        let req = r.into_inner();
+        let name = req.name.clone();
+        rpc("CreateVolumeGroupSnapshot", &name, group_snapshot::create(&self.driver, req)).await
+    }
+
+    async fn delete_volume_group_snapshot(
+        &self,
+        r: Request<csi::DeleteVolumeGroupSnapshotRequest>,
+    ) -> Reply<csi::DeleteVolumeGroupSnapshotResponse> {
+        let req = r.into_inner();
+        let id = req.group_snapshot_id.clone();
+        rpc("DeleteVolumeGroupSnapshot", &id, group_snapshot::delete(&self.driver, req)).await
+    }
+
+    async fn get_volume_group_snapshot(
+        &self,
+        r: Request<csi::GetVolumeGroupSnapshotRequest>,
+    ) -> Reply<csi::GetVolumeGroupSnapshotResponse> {
+        let req = r.into_inner();
+        let id = req.group_snapshot_id.clone();
+        rpc("GetVolumeGroupSnapshot", &id, group_snapshot::get(&self.driver, req)).await
+    }
+}

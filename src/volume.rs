@@ -1,0 +1,197 @@
+//! The persisted records: volumes, their per-node attachment state, snapshots
+//! and group snapshots. Plain data; the rules for changing them live in
+//! `state.rs`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::capability::Capability;
+
+/// Where a volume's bytes live on the local backend.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Backing {
+    /// A directory, bind-mounted for mount access.
+    Directory,
+    /// A sparse file attached through a loop device: raw block access, or a
+    /// filesystem of `fs_type` for mount access.
+    BlockFile { fs_type: String },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentSource {
+    Snapshot(String),
+    Volume(String),
+}
+
+/// Whether the backend work behind a record has finished. A record is
+/// committed as `Provisioning` before the backend is asked to do anything, so
+/// a crash mid-way leaves a record the next retry resumes instead of an
+/// orphaned allocation nobody knows about.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifecycle {
+    Provisioning,
+    Ready,
+    Deleting,
+}
+
+/// Direction of an in-flight node operation, persisted before the mount work
+/// starts so a restart knows what may be half done.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Progress {
+    Applying,
+    Done,
+    Removing,
+}
+
+/// ControllerPublishVolume's record: NODE_READY on that node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Attachment {
+    pub readonly: bool,
+    pub capability: Capability,
+    #[serde(default)]
+    pub publish_context: BTreeMap<String, String>,
+}
+
+/// NodeStageVolume's record: VOL_READY on that node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Stage {
+    pub path: String,
+    pub capability: Capability,
+    /// The loop device backing a block-file volume while staged.
+    pub device: Option<String>,
+    pub progress: Progress,
+}
+
+/// NodePublishVolume's record for one target path: PUBLISHED on that node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Publication {
+    pub readonly: bool,
+    pub capability: Capability,
+    pub progress: Progress,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeRecord {
+    pub attachment: Option<Attachment>,
+    pub stage: Option<Stage>,
+    pub targets: BTreeMap<String, Publication>,
+}
+
+impl NodeRecord {
+    pub fn is_empty(&self) -> bool {
+        self.attachment.is_none() && self.stage.is_none() && self.targets.is_empty()
+    }
+
+    /// The furthest lifecycle state this node has reached.
+    pub fn phase(&self) -> Phase {
+        if !self.targets.is_empty() {
+            Phase::Published
+        } else if self.stage.is_some() {
+            Phase::VolReady
+        } else if self.attachment.is_some() {
+            Phase::NodeReady
+        } else {
+            Phase::Created
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    #[serde(rename = "CREATED")]
+    Created,
+    #[serde(rename = "NODE_READY")]
+    NodeReady,
+    #[serde(rename = "VOL_READY")]
+    VolReady,
+    #[serde(rename = "PUBLISHED")]
+    Published,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Created => "CREATED",
+            Phase::NodeReady => "NODE_READY",
+            Phase::VolReady => "VOL_READY",
+            Phase::Published => "PUBLISHED",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Volume {
+    pub id: String,
+    pub name: String,
+    pub capacity_bytes: u64,
+    pub backing: Backing,
+    pub capabilities: Vec<Capability>,
+    pub parameters: BTreeMap<String, String>,
+    pub mutable_parameters: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+    pub topology: Vec<BTreeMap<String, String>>,
+    pub context: BTreeMap<String, String>,
+    pub created_unix: i64,
+    pub lifecycle: Lifecycle,
+    /// Inline ephemeral volumes live and die with one NodePublish.
+    #[serde(default)]
+    pub ephemeral: bool,
+    pub nodes: BTreeMap<String, NodeRecord>,
+}
+
+impl Volume {
+    pub fn node(&self, node_id: &str) -> Option<&NodeRecord> {
+        self.nodes.get(node_id)
+    }
+
+    pub fn attached_nodes(&self) -> impl Iterator<Item = &str> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| n.attachment.is_some())
+            .map(|(id, _)| id.as_str())
+    }
+
+    /// The volume-wide phase: the furthest any node has reached.
+    pub fn phase(&self) -> Phase {
+        self.nodes
+            .values()
+            .map(NodeRecord::phase)
+            .max()
+            .unwrap_or(Phase::Created)
+    }
+
+    pub fn in_use(&self) -> bool {
+        self.nodes.values().any(|n| !n.is_empty())
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub size_bytes: u64,
+    pub backing: Backing,
+    pub created_unix: i64,
+    pub created_nanos: i32,
+    pub lifecycle: Lifecycle,
+    pub parameters: BTreeMap<String, String>,
+    pub group_snapshot_id: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct GroupSnapshot {
+    pub id: String,
+    pub name: String,
+    pub source_volume_ids: Vec<String>,
+    pub snapshot_ids: Vec<String>,
+    pub created_unix: i64,
+    pub created_nanos: i32,
+    pub lifecycle: Lifecycle,
+    pub parameters: BTreeMap<String, String>,
+}
