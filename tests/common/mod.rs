@@ -1,0 +1,218 @@
+//! Test harness: a real `csi-relay serve` process on a unix socket in a
+//! unique temp dir, driven by tonic clients. Dropping the harness stops the
+//! process by PID (SIGTERM, then SIGKILL) and checks it cleaned its socket.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use csi_relay::csi::{
+    controller_client::ControllerClient, group_controller_client::GroupControllerClient,
+    identity_client::IdentityClient, node_client::NodeClient,
+};
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub const NODE: &str = "node-a";
+
+pub struct Driver {
+    pub dir: tempfile::TempDir,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    pub extra_args: Vec<String>,
+    child: Option<Child>,
+    pub channel: Channel,
+}
+
+impl Driver {
+    pub async fn start(extra: &[&str]) -> Driver {
+        let dir = tempfile::Builder::new().prefix("csi-relay-test-").tempdir().expect("tempdir");
+        let state_dir = dir.path().join("state");
+        Self::start_in(dir, state_dir, extra.iter().map(|s| s.to_string()).collect()).await
+    }
+
+    async fn start_in(dir: tempfile::TempDir, state_dir: PathBuf, extra_args: Vec<String>) -> Driver {
+        let socket = dir.path().join("csi.sock");
+        let child = spawn(&socket, &state_dir, &extra_args);
+        let channel = connect(&socket).await;
+        Driver { dir, state_dir, socket, extra_args, child: Some(child), channel }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Stops the process with SIGTERM and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) => break,
+                    _ if Instant::now() > deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    _ => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+    }
+
+    /// Kills the process with SIGKILL: a crash, no clean-up.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a new process on the same state dir and socket.
+    pub async fn restart(&mut self) {
+        self.stop();
+        self.start_again().await;
+    }
+
+    pub async fn start_again(&mut self) {
+        let child = spawn(&self.socket, &self.state_dir, &self.extra_args);
+        self.child = Some(child);
+        self.channel = connect(&self.socket).await;
+    }
+
+    pub fn identity(&self) -> IdentityClient<Channel> {
+        IdentityClient::new(self.channel.clone())
+    }
+    pub fn controller(&self) -> ControllerClient<Channel> {
+        ControllerClient::new(self.channel.clone())
+    }
+    pub fn node(&self) -> NodeClient<Channel> {
+        NodeClient::new(self.channel.clone())
+    }
+    pub fn group(&self) -> GroupControllerClient<Channel> {
+        GroupControllerClient::new(self.channel.clone())
+    }
+
+    /// A fresh path under the test's temp dir (not created).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
+    let _ = std::fs::remove_file(socket);
+    Command::new(env!("CARGO_BIN_EXE_csi-relay"))
+        .arg("serve")
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .arg("--node-id")
+        .arg(NODE)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(extra)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn csi-relay")
+}
+
+pub async fn connect(socket: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if socket.exists() {
+            let path = socket.to_path_buf();
+            let attempt = Endpoint::try_from("http://[::]:50051")
+                .expect("endpoint")
+                .connect_with_connector(tower::service_fn(move |_: Uri| {
+                    let path = path.clone();
+                    async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                }))
+                .await;
+            if let Ok(channel) = attempt {
+                return channel;
+            }
+        }
+        assert!(Instant::now() < deadline, "csi-relay did not come up on {}", socket.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// True when this process may mount and use loop devices. Tests that need it
+/// print "skipped: ..." loudly when it is missing.
+pub fn can_mount() -> Result<(), String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("not running as root".into());
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        return Err("no /dev/loop-control".into());
+    }
+    Ok(())
+}
+
+#[macro_export]
+macro_rules! require_mounts {
+    () => {
+        if let Err(why) = common::can_mount() {
+            eprintln!("skipped: {why}: this test needs real mount(2) and loop devices");
+            return;
+        }
+    };
+}
+
+pub mod req {
+    //! Request builders.
+    use std::collections::HashMap;
+
+    use csi_relay::csi::{self, volume_capability};
+
+    pub fn mount_cap(mode: volume_capability::access_mode::Mode) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume::default())),
+            access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    pub fn fs_cap(mode: volume_capability::access_mode::Mode, fs: &str, flags: &[&str]) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume {
+                fs_type: fs.into(),
+                mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+                volume_mount_group: String::new(),
+            })),
+            access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    pub fn block_cap(mode: volume_capability::access_mode::Mode) -> csi::VolumeCapability {
+        csi::VolumeCapability {
+            access_type: Some(volume_capability::AccessType::Block(volume_capability::BlockVolume {})),
+            access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
+        }
+    }
+
+    pub fn snw() -> csi::VolumeCapability {
+        mount_cap(volume_capability::access_mode::Mode::SingleNodeWriter)
+    }
+
+    pub fn create(name: &str, bytes: i64, cap: csi::VolumeCapability) -> csi::CreateVolumeRequest {
+        csi::CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+            volume_capabilities: vec![cap],
+            ..Default::default()
+        }
+    }
+
+    pub fn secrets() -> HashMap<String, String> {
+        [("password".to_string(), "hunter2-must-never-be-logged".to_string())].into()
+    }
+}
