@@ -132,7 +132,9 @@ impl Capability {
         if caps.len() > 16 {
             return Err(CsiError::invalid(field, "more than 16 capabilities"));
         }
-        caps.iter().map(|c| Capability::from_wire(c, field)).collect()
+        caps.iter()
+            .map(|c| Capability::from_wire(c, field))
+            .collect()
     }
 
     pub fn required(cap: Option<&VolumeCapability>, field: &'static str) -> CsiResult<Self> {
@@ -197,7 +199,10 @@ fn check_mount_flags(flags: &[String], field: &'static str) -> CsiResult<()> {
     if flags.len() > MAX_MOUNT_FLAGS {
         return Err(CsiError::invalid(
             field,
-            format!("{} mount_flags given, at most {MAX_MOUNT_FLAGS} allowed", flags.len()),
+            format!(
+                "{} mount_flags given, at most {MAX_MOUNT_FLAGS} allowed",
+                flags.len()
+            ),
         ));
     }
     for flag in flags {
@@ -238,13 +243,18 @@ mod tests {
 
     #[test]
     fn round_trips_through_the_wire_form() {
-        let cap = Capability::from_wire(&wire(Mode::MultiNodeMultiWriter, mount("ext4", &["noatime"])), "c").unwrap();
+        let cap = Capability::from_wire(
+            &wire(Mode::MultiNodeMultiWriter, mount("ext4", &["noatime"])),
+            "c",
+        )
+        .unwrap();
         assert_eq!(Capability::from_wire(&cap.to_wire(), "c").unwrap(), cap);
     }
 
     #[test]
     fn rejects_missing_parts_naming_the_field() {
-        let err = Capability::from_wire(&wire(Mode::SingleNodeWriter, None), "volume_capability").unwrap_err();
+        let err = Capability::from_wire(&wire(Mode::SingleNodeWriter, None), "volume_capability")
+            .unwrap_err();
         assert!(err.to_string().contains("volume_capability"));
         let err = Capability::from_wire(&wire(Mode::Unknown, mount("", &[])), "c").unwrap_err();
         assert!(err.to_string().contains("UNKNOWN"));
@@ -256,19 +266,39 @@ mod tests {
 
     #[test]
     fn rejects_hostile_mount_flags_and_unknown_filesystems() {
-        assert!(Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &["ro,exec"])), "c").is_err());
-        assert!(Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &["a b"])), "c").is_err());
-        assert!(Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("zfs-nope", &[])), "c").is_err());
+        assert!(
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &["ro,exec"])), "c")
+                .is_err()
+        );
+        assert!(
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &["a b"])), "c").is_err()
+        );
+        assert!(
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("zfs-nope", &[])), "c")
+                .is_err()
+        );
         let long = "x".repeat(MAX_FLAG_LEN + 1);
-        assert!(Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &[&long])), "c").is_err());
+        assert!(
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &[&long])), "c").is_err()
+        );
     }
 
     #[test]
     fn access_compatibility() {
-        let block = Capability::from_wire(&wire(Mode::SingleNodeWriter, Some(WireAccessType::Block(Default::default()))), "c").unwrap();
-        let ext4 = Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("ext4", &[])), "c").unwrap();
-        let any = Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &[])), "c").unwrap();
-        let xfs = Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("xfs", &[])), "c").unwrap();
+        let block = Capability::from_wire(
+            &wire(
+                Mode::SingleNodeWriter,
+                Some(WireAccessType::Block(Default::default())),
+            ),
+            "c",
+        )
+        .unwrap();
+        let ext4 =
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("ext4", &[])), "c").unwrap();
+        let any =
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("", &[])), "c").unwrap();
+        let xfs =
+            Capability::from_wire(&wire(Mode::SingleNodeWriter, mount("xfs", &[])), "c").unwrap();
         assert!(!block.same_access(&ext4));
         assert!(ext4.same_access(&any));
         assert!(!ext4.same_access(&xfs));

@@ -13,7 +13,11 @@ pub const TOPOLOGY_PREFIX: &str = "topology.relay.csi.dev/";
 pub const TOPOLOGY_NODE_KEY: &str = "topology.relay.csi.dev/node";
 
 #[derive(Parser, Debug)]
-#[command(name = "csi-relay", version, about = "A CSI driver that relays volume operations to a member cluster's storage; standalone it serves volumes from an embedded local backend")]
+#[command(
+    name = "csi-relay",
+    version,
+    about = "A CSI driver that relays volume operations to a member cluster's storage; standalone it serves volumes from an embedded local backend"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -48,7 +52,11 @@ impl Mode {
 pub struct ServeArgs {
     /// Where to listen: unix:///path/to/csi.sock or tcp://127.0.0.1:PORT.
     /// A stale unix socket file is removed on start and on shutdown.
-    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///tmp/csi-relay/csi.sock")]
+    #[arg(
+        long,
+        env = "CSI_ENDPOINT",
+        default_value = "unix:///tmp/csi-relay/csi.sock"
+    )]
     pub endpoint: Endpoint,
 
     /// This node's id, reported by NodeGetInfo and used as its topology.
@@ -86,6 +94,11 @@ pub struct ServeArgs {
     /// ControllerModifyVolume accept; any other mutable parameter is refused.
     #[arg(long, value_delimiter = ',')]
     pub mutable_parameters: Vec<String>,
+
+    /// Other node ids the local backend accepts in ControllerPublishVolume:
+    /// nodes that share this machine's storage (repeatable).
+    #[arg(long = "peer-node", value_name = "NODE_ID")]
+    pub peer_nodes: Vec<String>,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

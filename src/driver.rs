@@ -63,7 +63,9 @@ impl Driver {
     /// The node-local path of a volume's data (directory or block file).
     pub fn backend_path(&self, vol: &Volume) -> CsiResult<std::path::PathBuf> {
         match self.backend.node_source(vol)? {
-            crate::backend::NodeSource::Directory(p) | crate::backend::NodeSource::BlockFile(p) => Ok(p),
+            crate::backend::NodeSource::Directory(p) | crate::backend::NodeSource::BlockFile(p) => {
+                Ok(p)
+            }
         }
     }
 }

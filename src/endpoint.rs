@@ -17,7 +17,9 @@ impl FromStr for Endpoint {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if let Some(path) = s.strip_prefix("unix://") {
             if path.is_empty() || !path.starts_with('/') {
-                return Err(format!("endpoint {s:?}: unix:// needs an absolute path, e.g. unix:///run/csi/csi.sock"));
+                return Err(format!(
+                    "endpoint {s:?}: unix:// needs an absolute path, e.g. unix:///run/csi/csi.sock"
+                ));
             }
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
@@ -27,9 +29,7 @@ impl FromStr for Endpoint {
                 .map(Endpoint::Tcp)
                 .map_err(|e| format!("endpoint {s:?}: {e}; expected tcp://HOST_IP:PORT"));
         }
-        Err(format!(
-            "endpoint {s:?} must start with unix:// or tcp://"
-        ))
+        Err(format!("endpoint {s:?} must start with unix:// or tcp://"))
     }
 }
 
@@ -48,8 +48,14 @@ mod tests {
 
     #[test]
     fn parses_both_forms_and_rejects_the_rest() {
-        assert_eq!("unix:///run/csi.sock".parse::<Endpoint>().unwrap(), Endpoint::Unix("/run/csi.sock".into()));
-        assert_eq!("tcp://127.0.0.1:10000".parse::<Endpoint>().unwrap(), Endpoint::Tcp("127.0.0.1:10000".parse().unwrap()));
+        assert_eq!(
+            "unix:///run/csi.sock".parse::<Endpoint>().unwrap(),
+            Endpoint::Unix("/run/csi.sock".into())
+        );
+        assert_eq!(
+            "tcp://127.0.0.1:10000".parse::<Endpoint>().unwrap(),
+            Endpoint::Tcp("127.0.0.1:10000".parse().unwrap())
+        );
         assert!("unix://relative.sock".parse::<Endpoint>().is_err());
         assert!("http://x".parse::<Endpoint>().is_err());
         assert!("tcp://nohost".parse::<Endpoint>().is_err());

@@ -137,6 +137,10 @@ mod tests {
         );
         let status: Status = err.into();
         assert!(status.message().contains("/x/y"), "{}", status.message());
-        assert!(status.message().contains("No space left"), "{}", status.message());
+        assert!(
+            status.message().contains("No space left"),
+            "{}",
+            status.message()
+        );
     }
 }

@@ -40,7 +40,10 @@ impl Limiter {
     }
 
     pub fn in_flight(&self) -> usize {
-        self.busy.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 }
 

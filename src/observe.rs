@@ -65,8 +65,12 @@ pub async fn rpc<T>(
         Err(e) => e.code(),
     };
     if let Some(m) = metrics() {
-        m.calls.with_label_values(&[method, &format!("{code:?}")]).inc();
-        m.latency.with_label_values(&[method]).observe(elapsed.as_secs_f64());
+        m.calls
+            .with_label_values(&[method, &format!("{code:?}")])
+            .inc();
+        m.latency
+            .with_label_values(&[method])
+            .observe(elapsed.as_secs_f64());
     }
     match result {
         Ok(reply) => {

@@ -44,14 +44,18 @@ pub struct SnapshotParams {
     pub content_name: Option<String>,
 }
 
-pub fn decode<T: for<'de> Deserialize<'de>>(map: &HashMap<String, String>, field: &'static str) -> CsiResult<T> {
+pub fn decode<T: for<'de> Deserialize<'de>>(
+    map: &HashMap<String, String>,
+    field: &'static str,
+) -> CsiResult<T> {
     // Going through a JSON object gives serde's precise messages ("unknown
     // field `x`, expected one of ...") and proper Option handling.
     let object: serde_json::Map<String, serde_json::Value> = map
         .iter()
         .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
         .collect();
-    serde_json::from_value(serde_json::Value::Object(object)).map_err(|e| CsiError::invalid(field, e.to_string()))
+    serde_json::from_value(serde_json::Value::Object(object))
+        .map_err(|e| CsiError::invalid(field, e.to_string()))
 }
 
 #[cfg(test)]
@@ -59,15 +63,28 @@ mod tests {
     use super::*;
 
     fn m(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn decodes_known_keys() {
-        let p: VolumeParams = decode(&m(&[("backing", "block"), ("csi.storage.k8s.io/pvc/name", "data")]), "parameters").unwrap();
+        let p: VolumeParams = decode(
+            &m(&[
+                ("backing", "block"),
+                ("csi.storage.k8s.io/pvc/name", "data"),
+            ]),
+            "parameters",
+        )
+        .unwrap();
         assert_eq!(p.backing, BackingChoice::Block);
         assert_eq!(p.pvc_name.as_deref(), Some("data"));
-        assert_eq!(decode::<VolumeParams>(&HashMap::new(), "parameters").unwrap(), VolumeParams::default());
+        assert_eq!(
+            decode::<VolumeParams>(&HashMap::new(), "parameters").unwrap(),
+            VolumeParams::default()
+        );
     }
 
     #[test]

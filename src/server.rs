@@ -16,8 +16,8 @@ use crate::csi::{
 use crate::driver::Driver;
 use crate::endpoint::Endpoint;
 use crate::service::{
-    controller::ControllerService, group_controller::GroupControllerService, identity::IdentityService,
-    node::NodeService,
+    controller::ControllerService, group_controller::GroupControllerService,
+    identity::IdentityService, node::NodeService,
 };
 use crate::store::Store;
 
@@ -54,7 +54,8 @@ fn valid_driver_name(name: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphabetic()
         && b[b.len() - 1].is_ascii_alphabetic()
-        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"-._".contains(c))
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-._".contains(c))
 }
 
 /// Builds the driver (store, backend, settings) from the command line.
@@ -68,9 +69,15 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
     if args.node_id.is_empty() || args.node_id.len() > crate::validate::MAX_ID_LEN {
         return Err(StartError::Config("--node-id must be 1-128 bytes".into()));
     }
-    std::fs::create_dir_all(&args.state_dir).map_err(io("create state directory", &args.state_dir))?;
+    std::fs::create_dir_all(&args.state_dir)
+        .map_err(io("create state directory", &args.state_dir))?;
     let store = Store::open(&args.state_dir)?;
-    let backend = LocalBackend::new(&args.state_dir, &args.node_id, args.capacity)?;
+    let backend = LocalBackend::new(
+        &args.state_dir,
+        &args.node_id,
+        &args.peer_nodes,
+        args.capacity,
+    )?;
     let capacity = {
         use crate::backend::Backend;
         backend.total_capacity().await?
@@ -82,7 +89,12 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
         max_volumes_per_node: args.max_volumes_per_node,
         capacity,
         max_volume_size: args.max_volume_size.unwrap_or(capacity),
-        mutable_parameters: args.mutable_parameters.iter().filter(|s| !s.is_empty()).cloned().collect(),
+        mutable_parameters: args
+            .mutable_parameters
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect(),
         state_dir: args.state_dir.clone(),
     };
     Ok(Driver::new(config, store, Arc::new(backend)))
@@ -106,17 +118,46 @@ async fn shutdown_signal() {
     }
 }
 
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn stopping(stop: &tokio::sync::watch::Receiver<bool>) -> impl std::future::Future<Output = ()> {
+    let mut stop = stop.clone();
+    async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }
+}
+
+/// Graceful shutdown waits for open connections, which a CO may hold
+/// forever; after a grace period the process exits regardless.
+async fn until_shutdown<E>(
+    stop: &tokio::sync::watch::Receiver<bool>,
+    serving: impl std::future::Future<Output = Result<(), E>>,
+) -> Result<(), E> {
+    tokio::select! {
+        r = serving => r,
+        _ = async { stopping(stop).await; tokio::time::sleep(SHUTDOWN_GRACE).await } => {
+            tracing::warn!("calls still open after {SHUTDOWN_GRACE:?}; exiting anyway");
+            Ok(())
+        }
+    }
+}
+
 /// Serves until a shutdown signal arrives.
 pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
     let driver = build(&args).await?;
     if driver.config.mode.node() {
         crate::node::reconcile::reconcile(&driver).await?;
     }
-    let mut router = Server::builder().add_service(IdentityServer::new(IdentityService::new(driver.clone())));
+    let mut router =
+        Server::builder().add_service(IdentityServer::new(IdentityService::new(driver.clone())));
     if driver.config.mode.controller() {
         router = router
-            .add_service(ControllerServer::new(ControllerService::new(driver.clone())))
-            .add_service(GroupControllerServer::new(GroupControllerService::new(driver.clone())));
+            .add_service(ControllerServer::new(ControllerService::new(
+                driver.clone(),
+            )))
+            .add_service(GroupControllerServer::new(GroupControllerService::new(
+                driver.clone(),
+            )));
     }
     if driver.config.mode.node() {
         router = router.add_service(NodeServer::new(NodeService::new(driver.clone())));
@@ -129,6 +170,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         state_dir = %args.state_dir.display(),
         "csi-relay serving"
     );
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
     match &args.endpoint {
         Endpoint::Unix(path) => {
             if let Some(parent) = path.parent() {
@@ -141,19 +187,33 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
                 Err(e) => return Err(io("remove stale socket", path)(e)),
             }
             let listener = tokio::net::UnixListener::bind(path).map_err(io("listen on", path))?;
-            let result = router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown_signal())
-                .await;
+            let result = until_shutdown(
+                &stop,
+                router.serve_with_incoming_shutdown(
+                    UnixListenerStream::new(listener),
+                    stopping(&stop),
+                ),
+            )
+            .await;
             let _ = std::fs::remove_file(path);
             result?;
         }
         Endpoint::Tcp(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
-                .map_err(|source| StartError::Io { what: "listen on", path: addr.to_string(), source })?;
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown_signal())
-                .await?;
+                .map_err(|source| StartError::Io {
+                    what: "listen on",
+                    path: addr.to_string(),
+                    source,
+                })?;
+            until_shutdown(
+                &stop,
+                router.serve_with_incoming_shutdown(
+                    TcpListenerStream::new(listener),
+                    stopping(&stop),
+                ),
+            )
+            .await?;
         }
     }
     tracing::info!("csi-relay stopped");

@@ -37,10 +37,10 @@ fn ready(vol: &Volume) -> CsiResult<()> {
 
 /// The capability asked for must be one the volume was created for.
 fn supported(vol: &Volume, cap: &Capability, field: &'static str) -> CsiResult<()> {
-    let ok = vol
-        .capabilities
-        .iter()
-        .any(|c| c.same_access(cap) && (c.mode == cap.mode || !c.mode.single_node() || cap.mode.single_node()));
+    let ok = vol.capabilities.iter().any(|c| {
+        c.same_access(cap)
+            && (c.mode == cap.mode || !c.mode.single_node() || cap.mode.single_node())
+    });
     if ok {
         Ok(())
     } else {
@@ -87,7 +87,11 @@ pub fn controller_publish(
     let others: Vec<&str> = vol.attached_nodes().filter(|n| *n != node_id).collect();
     if !others.is_empty() {
         let single_node = cap.mode.single_node()
-            || vol.nodes.values().filter_map(|n| n.attachment.as_ref()).any(|a| a.capability.mode.single_node());
+            || vol
+                .nodes
+                .values()
+                .filter_map(|n| n.attachment.as_ref())
+                .any(|a| a.capability.mode.single_node());
         if single_node {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {:?} has a single-node access mode and is already published to node(s) {:?}",
@@ -267,7 +271,10 @@ pub fn node_publish(
     }
     if let Some(node) = node {
         let single_writer = cap.mode == AccessMode::SingleNodeSingleWriter
-            || node.targets.values().any(|p| p.capability.mode == AccessMode::SingleNodeSingleWriter);
+            || node
+                .targets
+                .values()
+                .any(|p| p.capability.mode == AccessMode::SingleNodeSingleWriter);
         if single_writer && !node.targets.is_empty() {
             return Err(CsiError::FailedPrecondition(format!(
                 "volume {:?} is SINGLE_NODE_SINGLE_WRITER and already published at {:?}",
@@ -325,7 +332,11 @@ pub fn stage_removed(vol: &Volume, node_id: &str) -> Volume {
 
 pub fn publish_done(vol: &Volume, node_id: &str, target: &str) -> Volume {
     let mut next = vol.clone();
-    if let Some(p) = next.nodes.get_mut(node_id).and_then(|n| n.targets.get_mut(target)) {
+    if let Some(p) = next
+        .nodes
+        .get_mut(node_id)
+        .and_then(|n| n.targets.get_mut(target))
+    {
         p.progress = Progress::Done;
     }
     next
@@ -419,10 +430,21 @@ mod tests {
         let v = next(node_stage(&v, "n1", "/s", &c, true));
         let v = stage_done(&v, "n1", None);
         assert_eq!(v.phase(), Phase::VolReady);
-        let v = next(node_publish(&v, "n1", "/t", "/s", false, &c, StagingRule::Required));
+        let v = next(node_publish(
+            &v,
+            "n1",
+            "/t",
+            "/s",
+            false,
+            &c,
+            StagingRule::Required,
+        ));
         let v = publish_done(&v, "n1", "/t");
         assert_eq!(v.phase(), Phase::Published);
-        assert_eq!(code(Ok(()).and_then(|_| delete(&v).map(|_| Step::Unchanged))), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            code(Ok(()).and_then(|_| delete(&v).map(|_| Step::Unchanged))),
+            tonic::Code::FailedPrecondition
+        );
         let v = next(Ok(node_unpublish(&v, "n1", "/t")));
         let v = publish_removed(&v, "n1", "/t");
         let v = next(node_unstage(&v, "n1", "/s"));
@@ -437,57 +459,183 @@ mod tests {
     #[test]
     fn repeats_are_unchanged_and_conflicts_already_exist() {
         let c = cap(AccessMode::SingleNodeWriter);
-        let v = next(controller_publish(&volume(AccessMode::SingleNodeWriter), "n1", false, &c, None));
-        assert_eq!(controller_publish(&v, "n1", false, &c, None).unwrap(), Step::Unchanged);
-        assert_eq!(code(controller_publish(&v, "n1", true, &c, None)), tonic::Code::AlreadyExists);
+        let v = next(controller_publish(
+            &volume(AccessMode::SingleNodeWriter),
+            "n1",
+            false,
+            &c,
+            None,
+        ));
+        assert_eq!(
+            controller_publish(&v, "n1", false, &c, None).unwrap(),
+            Step::Unchanged
+        );
+        assert_eq!(
+            code(controller_publish(&v, "n1", true, &c, None)),
+            tonic::Code::AlreadyExists
+        );
         let v = stage_done(&next(node_stage(&v, "n1", "/s", &c, true)), "n1", None);
-        assert_eq!(node_stage(&v, "n1", "/s", &c, true).unwrap(), Step::Unchanged);
+        assert_eq!(
+            node_stage(&v, "n1", "/s", &c, true).unwrap(),
+            Step::Unchanged
+        );
         let mut other = c.clone();
         other.access = AccessType::Block;
-        assert_eq!(code(node_stage(&v, "n1", "/s", &other, true)), tonic::Code::AlreadyExists);
-        let v = publish_done(&next(node_publish(&v, "n1", "/t", "/s", false, &c, StagingRule::Required)), "n1", "/t");
-        assert_eq!(node_publish(&v, "n1", "/t", "/s", false, &c, StagingRule::Required).unwrap(), Step::Unchanged);
-        assert_eq!(code(node_publish(&v, "n1", "/t", "/s", true, &c, StagingRule::Required)), tonic::Code::AlreadyExists);
+        assert_eq!(
+            code(node_stage(&v, "n1", "/s", &other, true)),
+            tonic::Code::AlreadyExists
+        );
+        let v = publish_done(
+            &next(node_publish(
+                &v,
+                "n1",
+                "/t",
+                "/s",
+                false,
+                &c,
+                StagingRule::Required,
+            )),
+            "n1",
+            "/t",
+        );
+        assert_eq!(
+            node_publish(&v, "n1", "/t", "/s", false, &c, StagingRule::Required).unwrap(),
+            Step::Unchanged
+        );
+        assert_eq!(
+            code(node_publish(
+                &v,
+                "n1",
+                "/t",
+                "/s",
+                true,
+                &c,
+                StagingRule::Required
+            )),
+            tonic::Code::AlreadyExists
+        );
     }
 
     #[test]
     fn single_node_modes_refuse_a_second_node() {
         let c = cap(AccessMode::SingleNodeWriter);
-        let v = next(controller_publish(&volume(AccessMode::SingleNodeWriter), "n1", false, &c, None));
-        assert_eq!(code(controller_publish(&v, "n2", false, &c, None)), tonic::Code::FailedPrecondition);
+        let v = next(controller_publish(
+            &volume(AccessMode::SingleNodeWriter),
+            "n1",
+            false,
+            &c,
+            None,
+        ));
+        assert_eq!(
+            code(controller_publish(&v, "n2", false, &c, None)),
+            tonic::Code::FailedPrecondition
+        );
         let m = cap(AccessMode::MultiNodeMultiWriter);
-        let v = next(controller_publish(&volume(AccessMode::MultiNodeMultiWriter), "n1", false, &m, None));
-        assert!(matches!(controller_publish(&v, "n2", false, &m, None), Ok(Step::Next(_))));
+        let v = next(controller_publish(
+            &volume(AccessMode::MultiNodeMultiWriter),
+            "n1",
+            false,
+            &m,
+            None,
+        ));
+        assert!(matches!(
+            controller_publish(&v, "n2", false, &m, None),
+            Ok(Step::Next(_))
+        ));
     }
 
     #[test]
     fn multi_node_single_writer_allows_one_writer() {
         let c = cap(AccessMode::MultiNodeSingleWriter);
-        let v = next(controller_publish(&volume(AccessMode::MultiNodeSingleWriter), "n1", false, &c, None));
-        assert_eq!(code(controller_publish(&v, "n2", false, &c, None)), tonic::Code::FailedPrecondition);
+        let v = next(controller_publish(
+            &volume(AccessMode::MultiNodeSingleWriter),
+            "n1",
+            false,
+            &c,
+            None,
+        ));
+        assert_eq!(
+            code(controller_publish(&v, "n2", false, &c, None)),
+            tonic::Code::FailedPrecondition
+        );
         assert!(controller_publish(&v, "n2", true, &c, None).is_ok());
     }
 
     #[test]
     fn attach_limit_is_resource_exhausted() {
         let c = cap(AccessMode::SingleNodeWriter);
-        let limit = AttachLimit { attached_on_node: 2, max: 2 };
-        assert_eq!(code(controller_publish(&volume(AccessMode::SingleNodeWriter), "n1", false, &c, Some(limit))), tonic::Code::ResourceExhausted);
+        let limit = AttachLimit {
+            attached_on_node: 2,
+            max: 2,
+        };
+        assert_eq!(
+            code(controller_publish(
+                &volume(AccessMode::SingleNodeWriter),
+                "n1",
+                false,
+                &c,
+                Some(limit)
+            )),
+            tonic::Code::ResourceExhausted
+        );
     }
 
     #[test]
     fn out_of_order_calls_fail_precondition() {
         let c = cap(AccessMode::SingleNodeWriter);
         let v = volume(AccessMode::SingleNodeWriter);
-        assert_eq!(code(node_stage(&v, "n1", "/s", &c, true)), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            code(node_stage(&v, "n1", "/s", &c, true)),
+            tonic::Code::FailedPrecondition
+        );
         assert!(node_stage(&v, "n1", "/s", &c, false).is_ok());
-        assert_eq!(code(node_publish(&v, "n1", "/t", "/s", false, &c, StagingRule::Required)), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            code(node_publish(
+                &v,
+                "n1",
+                "/t",
+                "/s",
+                false,
+                &c,
+                StagingRule::Required
+            )),
+            tonic::Code::FailedPrecondition
+        );
         let v = next(controller_publish(&v, "n1", false, &c, None));
         let v = stage_done(&next(node_stage(&v, "n1", "/s", &c, true)), "n1", None);
-        assert_eq!(code(node_stage(&v, "n1", "/other", &c, true)), tonic::Code::FailedPrecondition);
-        assert_eq!(code(node_publish(&v, "n1", "/t", "/other", false, &c, StagingRule::Required)), tonic::Code::FailedPrecondition);
-        let v = publish_done(&next(node_publish(&v, "n1", "/t", "/s", false, &c, StagingRule::Required)), "n1", "/t");
-        assert_eq!(code(node_unstage(&v, "n1", "/s")), tonic::Code::FailedPrecondition);
+        assert_eq!(
+            code(node_stage(&v, "n1", "/other", &c, true)),
+            tonic::Code::FailedPrecondition
+        );
+        assert_eq!(
+            code(node_publish(
+                &v,
+                "n1",
+                "/t",
+                "/other",
+                false,
+                &c,
+                StagingRule::Required
+            )),
+            tonic::Code::FailedPrecondition
+        );
+        let v = publish_done(
+            &next(node_publish(
+                &v,
+                "n1",
+                "/t",
+                "/s",
+                false,
+                &c,
+                StagingRule::Required,
+            )),
+            "n1",
+            "/t",
+        );
+        assert_eq!(
+            code(node_unstage(&v, "n1", "/s")),
+            tonic::Code::FailedPrecondition
+        );
     }
 
     #[test]
@@ -495,8 +643,31 @@ mod tests {
         let c = cap(AccessMode::SingleNodeSingleWriter);
         let v = volume(AccessMode::SingleNodeSingleWriter);
         let v = stage_done(&next(node_stage(&v, "n1", "/s", &c, false)), "n1", None);
-        let v = publish_done(&next(node_publish(&v, "n1", "/t1", "/s", false, &c, StagingRule::Required)), "n1", "/t1");
-        assert_eq!(code(node_publish(&v, "n1", "/t2", "/s", false, &c, StagingRule::Required)), tonic::Code::FailedPrecondition);
+        let v = publish_done(
+            &next(node_publish(
+                &v,
+                "n1",
+                "/t1",
+                "/s",
+                false,
+                &c,
+                StagingRule::Required,
+            )),
+            "n1",
+            "/t1",
+        );
+        assert_eq!(
+            code(node_publish(
+                &v,
+                "n1",
+                "/t2",
+                "/s",
+                false,
+                &c,
+                StagingRule::Required
+            )),
+            tonic::Code::FailedPrecondition
+        );
     }
 
     #[test]
@@ -504,7 +675,10 @@ mod tests {
         let mut v = volume(AccessMode::SingleNodeWriter);
         v.lifecycle = Lifecycle::Provisioning;
         let c = cap(AccessMode::SingleNodeWriter);
-        assert_eq!(code(controller_publish(&v, "n1", false, &c, None)), tonic::Code::NotFound);
+        assert_eq!(
+            code(controller_publish(&v, "n1", false, &c, None)),
+            tonic::Code::NotFound
+        );
     }
 
     #[derive(Debug, Clone)]

@@ -141,7 +141,11 @@ impl Store {
         value.map(|v| decode(table, id, v.value())).transpose()
     }
 
-    fn id_by_name(&self, def: TableDefinition<&str, &str>, name: &str) -> StoreResult<Option<String>> {
+    fn id_by_name(
+        &self,
+        def: TableDefinition<&str, &str>,
+        name: &str,
+    ) -> StoreResult<Option<String>> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(def)?;
         let id = t.get(name)?.map(|v| v.value().to_string());
@@ -159,7 +163,9 @@ impl Store {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(def)?;
         let range = match after {
-            Some(after) => t.range::<&str>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))?,
+            Some(after) => {
+                t.range::<&str>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))?
+            }
             None => t.range::<&str>(..)?,
         };
         let mut items = Vec::new();
@@ -202,7 +208,8 @@ impl Store {
                 None => None,
             };
             volumes.insert(vol.id.as_str(), encode(vol)?.as_slice())?;
-            txn.open_table(VOLUME_NAMES)?.insert(vol.name.as_str(), vol.id.as_str())?;
+            txn.open_table(VOLUME_NAMES)?
+                .insert(vol.name.as_str(), vol.id.as_str())?;
             let old_bytes = old.as_ref().map_or(0, |o| o.capacity_bytes);
             adjust(&txn, ALLOCATED, old_bytes, vol.capacity_bytes)?;
             reindex_nodes(&txn, old.as_ref(), Some(vol))?;
@@ -221,7 +228,9 @@ impl Store {
             };
             if let Some(old) = old {
                 let mut names = txn.open_table(VOLUME_NAMES)?;
-                let owned = names.get(old.name.as_str())?.is_some_and(|v| v.value() == id);
+                let owned = names
+                    .get(old.name.as_str())?
+                    .is_some_and(|v| v.value() == id);
                 if owned {
                     names.remove(old.name.as_str())?;
                 }
@@ -304,7 +313,8 @@ impl Store {
                 None => 0,
             };
             snaps.insert(snap.id.as_str(), encode(snap)?.as_slice())?;
-            txn.open_table(SNAPSHOT_NAMES)?.insert(snap.name.as_str(), snap.id.as_str())?;
+            txn.open_table(SNAPSHOT_NAMES)?
+                .insert(snap.name.as_str(), snap.id.as_str())?;
             txn.open_table(SNAPSHOTS_BY_SOURCE)?
                 .insert(pair(&snap.source_volume_id, &snap.id).as_str(), ())?;
             adjust(&txn, ALLOCATED, old_bytes, snap.size_bytes)?;
@@ -323,7 +333,9 @@ impl Store {
             };
             if let Some(old) = old {
                 let mut names = txn.open_table(SNAPSHOT_NAMES)?;
-                let owned = names.get(old.name.as_str())?.is_some_and(|v| v.value() == id);
+                let owned = names
+                    .get(old.name.as_str())?
+                    .is_some_and(|v| v.value() == id);
                 if owned {
                     names.remove(old.name.as_str())?;
                 }
@@ -362,7 +374,9 @@ impl Store {
         let mut last = None;
         for entry in index.range::<&str>(start.as_str()..hi.as_str())? {
             let (k, _) = entry?;
-            let Some((_, id)) = k.value().split_once('\0') else { continue };
+            let Some((_, id)) = k.value().split_once('\0') else {
+                continue;
+            };
             if Some(id) == after {
                 continue;
             }
@@ -415,7 +429,9 @@ impl Store {
             };
             if let Some(old) = old {
                 let mut names = txn.open_table(GROUP_NAMES)?;
-                let owned = names.get(old.name.as_str())?.is_some_and(|v| v.value() == id);
+                let owned = names
+                    .get(old.name.as_str())?
+                    .is_some_and(|v| v.value() == id);
                 if owned {
                     names.remove(old.name.as_str())?;
                 }
@@ -443,9 +459,14 @@ fn adjust(txn: &redb::WriteTransaction, key: &str, minus: u64, plus: u64) -> Sto
 
 /// Keeps NODE_VOLUMES and the per-node attached counters equal to what the
 /// volume records say, touching only the nodes this volume is on.
-fn reindex_nodes(txn: &redb::WriteTransaction, old: Option<&Volume>, new: Option<&Volume>) -> StoreResult<()> {
+fn reindex_nodes(
+    txn: &redb::WriteTransaction,
+    old: Option<&Volume>,
+    new: Option<&Volume>,
+) -> StoreResult<()> {
     let state = |v: Option<&Volume>, node: &str| -> Option<u8> {
-        v.and_then(|v| v.nodes.get(node)).map(|n| u8::from(n.attachment.is_some()))
+        v.and_then(|v| v.nodes.get(node))
+            .map(|n| u8::from(n.attachment.is_some()))
     };
     let mut nodes: Vec<&str> = Vec::new();
     for v in [old, new].into_iter().flatten() {
@@ -466,7 +487,12 @@ fn reindex_nodes(txn: &redb::WriteTransaction, old: Option<&Volume>, new: Option
             None => index.remove(key.as_str())?,
         };
         let counter = format!("{ATTACHED_PREFIX}{node}");
-        adjust(txn, &counter, u64::from(before == Some(1)), u64::from(after == Some(1)))?;
+        adjust(
+            txn,
+            &counter,
+            u64::from(before == Some(1)),
+            u64::from(after == Some(1)),
+        )?;
     }
     Ok(())
 }
@@ -474,8 +500,8 @@ fn reindex_nodes(txn: &redb::WriteTransaction, old: Option<&Volume>, new: Option
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::volume::{Attachment, Backing, Lifecycle, NodeRecord};
     use crate::capability::{AccessMode, AccessType, Capability};
+    use crate::volume::{Attachment, Backing, Lifecycle, NodeRecord};
     use std::collections::BTreeMap;
 
     fn vol(id: &str, name: &str) -> Volume {
@@ -544,14 +570,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         for i in 0..5 {
-            store.put_volume(&vol(&format!("v{i}"), &format!("n{i}"))).unwrap();
+            store
+                .put_volume(&vol(&format!("v{i}"), &format!("n{i}")))
+                .unwrap();
         }
         let p1 = store.list_volumes(None, 2).unwrap();
-        assert_eq!(p1.items.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["v0", "v1"]);
+        assert_eq!(
+            p1.items.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+            ["v0", "v1"]
+        );
         let next = p1.next.unwrap();
         store.remove_volume(&next).unwrap();
         let p2 = store.list_volumes(Some(&next), 2).unwrap();
-        assert_eq!(p2.items.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(), ["v2", "v3"]);
+        assert_eq!(
+            p2.items.iter().map(|v| v.id.as_str()).collect::<Vec<_>>(),
+            ["v2", "v3"]
+        );
         let p3 = store.list_volumes(p2.next.as_deref(), 2).unwrap();
         assert_eq!(p3.items.len(), 1);
         assert!(p3.next.is_none());

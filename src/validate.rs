@@ -37,20 +37,34 @@ pub fn path<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
         return Err(CsiError::Missing(field));
     }
     if value.len() > MAX_PATH_LEN {
-        return Err(CsiError::invalid(field, format!("longer than {MAX_PATH_LEN} bytes")));
+        return Err(CsiError::invalid(
+            field,
+            format!("longer than {MAX_PATH_LEN} bytes"),
+        ));
     }
     if value.contains('\0') {
         return Err(CsiError::invalid(field, "contains a NUL byte"));
     }
     let p = Path::new(value);
     if !p.is_absolute() {
-        return Err(CsiError::invalid(field, format!("{value:?} is not an absolute path")));
+        return Err(CsiError::invalid(
+            field,
+            format!("{value:?} is not an absolute path"),
+        ));
     }
-    if p.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
-        return Err(CsiError::invalid(field, format!("{value:?} contains '.' or '..' components")));
+    if p.components()
+        .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+    {
+        return Err(CsiError::invalid(
+            field,
+            format!("{value:?} contains '.' or '..' components"),
+        ));
     }
     if p.parent().is_none() {
-        return Err(CsiError::invalid(field, "the filesystem root cannot be used"));
+        return Err(CsiError::invalid(
+            field,
+            "the filesystem root cannot be used",
+        ));
     }
     Ok(value)
 }
@@ -78,11 +92,17 @@ mod tests {
 
     #[test]
     fn ids_are_bounded_and_required() {
-        assert!(matches!(id("", "volume_id"), Err(CsiError::Missing("volume_id"))));
+        assert!(matches!(
+            id("", "volume_id"),
+            Err(CsiError::Missing("volume_id"))
+        ));
         assert!(id(&"a".repeat(128), "name").is_ok());
         assert!(id(&"a".repeat(129), "name").is_err());
         assert!(id("a\nb", "name").is_err());
-        assert!(id("../../etc", "volume_id").is_ok(), "ids are opaque: lookups, never paths");
+        assert!(
+            id("../../etc", "volume_id").is_ok(),
+            "ids are opaque: lookups, never paths"
+        );
     }
 
     #[test]
@@ -90,7 +110,10 @@ mod tests {
         assert!(path("/var/lib/kubelet/x", "target_path").is_ok());
         assert!(path("relative/x", "target_path").is_err());
         assert!(path("/a/../etc", "target_path").is_err());
-        assert!(path("/a/./b", "target_path").is_ok(), "Path drops interior '.' components");
+        assert!(
+            path("/a/./b", "target_path").is_ok(),
+            "Path drops interior '.' components"
+        );
         assert!(path("/", "target_path").is_err());
         assert!(path(&format!("/{}", "a".repeat(5000)), "target_path").is_err());
     }

@@ -17,6 +17,7 @@ pub struct LocalBackend {
     volumes: PathBuf,
     snapshots: PathBuf,
     node_id: String,
+    peer_nodes: Vec<String>,
     capacity: Option<u64>,
 }
 
@@ -93,7 +94,10 @@ fn create_atomically(dst: &Path, fill: impl FnOnce(&Path) -> io::Result<()>) -> 
 }
 
 fn sparse_file(path: &Path, size: u64) -> io::Result<()> {
-    let f = fs::OpenOptions::new().create_new(true).write(true).open(path)?;
+    let f = fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(path)?;
     f.set_len(size)?;
     f.sync_all()
 }
@@ -107,7 +111,12 @@ fn world_writable_dir(path: &Path) -> io::Result<()> {
 }
 
 impl LocalBackend {
-    pub fn new(state_dir: &Path, node_id: &str, capacity: Option<u64>) -> CsiResult<Self> {
+    pub fn new(
+        state_dir: &Path,
+        node_id: &str,
+        peer_nodes: &[String],
+        capacity: Option<u64>,
+    ) -> CsiResult<Self> {
         let volumes = state_dir.join("volumes");
         let snapshots = state_dir.join("snapshots");
         for dir in [&volumes, &snapshots] {
@@ -117,6 +126,7 @@ impl LocalBackend {
             volumes,
             snapshots,
             node_id: node_id.to_string(),
+            peer_nodes: peer_nodes.to_vec(),
             capacity,
         })
     }
@@ -131,12 +141,21 @@ impl LocalBackend {
 
     fn source_path(&self, source: &SourceData<'_>, want: &Backing) -> CsiResult<PathBuf> {
         let (path, backing, what) = match source {
-            SourceData::Snapshot(s) => (self.snapshot_path(s)?, &s.backing, format!("snapshot {:?}", s.id)),
-            SourceData::Volume(v) => (self.volume_path(v)?, &v.backing, format!("volume {:?}", v.id)),
+            SourceData::Snapshot(s) => (
+                self.snapshot_path(s)?,
+                &s.backing,
+                format!("snapshot {:?}", s.id),
+            ),
+            SourceData::Volume(v) => (
+                self.volume_path(v)?,
+                &v.backing,
+                format!("volume {:?}", v.id),
+            ),
         };
         let same_kind = matches!(
             (backing, want),
-            (Backing::Directory, Backing::Directory) | (Backing::BlockFile { .. }, Backing::BlockFile { .. })
+            (Backing::Directory, Backing::Directory)
+                | (Backing::BlockFile { .. }, Backing::BlockFile { .. })
         );
         if !same_kind {
             return Err(CsiError::invalid(
@@ -164,7 +183,10 @@ impl Backend for LocalBackend {
         for dir in [&self.volumes, &self.snapshots] {
             let meta = fs::metadata(dir).map_err(|e| CsiError::io("stat", dir, e))?;
             if !meta.is_dir() {
-                return Err(CsiError::Internal(format!("{} is not a directory", dir.display())));
+                return Err(CsiError::Internal(format!(
+                    "{} is not a directory",
+                    dir.display()
+                )));
             }
         }
         Ok(())
@@ -180,16 +202,21 @@ impl Backend for LocalBackend {
     }
 
     fn volume_topology(&self) -> Vec<BTreeMap<String, String>> {
-        vec![[(TOPOLOGY_NODE_KEY.to_string(), self.node_id.clone())].into()]
+        std::iter::once(&self.node_id)
+            .chain(&self.peer_nodes)
+            .map(|n| [(TOPOLOGY_NODE_KEY.to_string(), n.clone())].into())
+            .collect()
     }
 
     async fn node_known(&self, node_id: &str) -> CsiResult<bool> {
-        Ok(node_id == self.node_id)
+        Ok(node_id == self.node_id || self.peer_nodes.iter().any(|p| p == node_id))
     }
 
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
         let dst = self.volume_path(vol)?;
-        let src = source.map(|s| self.source_path(&s, &vol.backing)).transpose()?;
+        let src = source
+            .map(|s| self.source_path(&s, &vol.backing))
+            .transpose()?;
         let size = vol.capacity_bytes;
         let backing = vol.backing.clone();
         blocking(move || {
@@ -319,7 +346,10 @@ mod tests {
         create_atomically(&dst, |p| sparse_file(p, 4096)).unwrap();
         create_atomically(&dst, |_| Err(io::Error::other("must not run again"))).unwrap();
         assert_eq!(fs::metadata(&dst).unwrap().len(), 4096);
-        let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 1);
     }
 

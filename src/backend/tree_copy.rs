@@ -52,6 +52,9 @@ mod tests {
         let n = copy_tree(&src, &dst).unwrap();
         assert_eq!(n, 4);
         assert_eq!(fs::read(dst.join("a/b/f")).unwrap(), b"data");
-        assert_eq!(fs::read_link(dst.join("link")).unwrap(), Path::new("/etc/passwd"));
+        assert_eq!(
+            fs::read_link(dst.join("link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
     }
 }

@@ -6,7 +6,10 @@ use crate::driver::Driver;
 use crate::error::CsiResult;
 use crate::params::{self, VolumeParams};
 
-pub async fn get_capacity(d: &Driver, req: csi::GetCapacityRequest) -> CsiResult<csi::GetCapacityResponse> {
+pub async fn get_capacity(
+    d: &Driver,
+    req: csi::GetCapacityRequest,
+) -> CsiResult<csi::GetCapacityResponse> {
     for cap in &req.volume_capabilities {
         Capability::from_wire(cap, "volume_capabilities")?;
     }

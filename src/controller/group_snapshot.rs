@@ -28,13 +28,19 @@ async fn members(d: &Driver, g: &GroupSnapshot) -> CsiResult<Vec<Snapshot>> {
     .await
 }
 
-pub async fn create(d: &Driver, req: csi::CreateVolumeGroupSnapshotRequest) -> CsiResult<csi::CreateVolumeGroupSnapshotResponse> {
+pub async fn create(
+    d: &Driver,
+    req: csi::CreateVolumeGroupSnapshotRequest,
+) -> CsiResult<csi::CreateVolumeGroupSnapshotResponse> {
     let name = validate::id(&req.name, "name")?.to_string();
     if req.source_volume_ids.is_empty() {
         return Err(CsiError::Missing("source_volume_ids"));
     }
     if req.source_volume_ids.len() > MAX_GROUP_VOLUMES {
-        return Err(CsiError::invalid("source_volume_ids", format!("more than {MAX_GROUP_VOLUMES} volumes")));
+        return Err(CsiError::invalid(
+            "source_volume_ids",
+            format!("more than {MAX_GROUP_VOLUMES} volumes"),
+        ));
     }
     let mut sources: Vec<String> = Vec::new();
     for id in &req.source_volume_ids {
@@ -60,7 +66,10 @@ pub async fn create(d: &Driver, req: csi::CreateVolumeGroupSnapshotRequest) -> C
                 )));
             }
             if g.lifecycle == Lifecycle::Deleting {
-                return Err(CsiError::Aborted(format!("group snapshot {:?} is being deleted", g.id)));
+                return Err(CsiError::Aborted(format!(
+                    "group snapshot {:?} is being deleted",
+                    g.id
+                )));
             }
             g
         }
@@ -99,7 +108,12 @@ pub async fn create(d: &Driver, req: csi::CreateVolumeGroupSnapshotRequest) -> C
     for v in &volumes {
         let snap = match existing.iter().find(|s| s.source_volume_id == v.id) {
             Some(s) => s.clone(),
-            None => snapshot::new_record(&format!("{}/{}", group.id, v.id), v, parameters.clone(), Some(&group.id)),
+            None => snapshot::new_record(
+                &format!("{}/{}", group.id, v.id),
+                v,
+                parameters.clone(),
+                Some(&group.id),
+            ),
         };
         planned.push(snap);
     }
@@ -136,7 +150,10 @@ fn check_ids(g: &GroupSnapshot, given: &[String]) -> CsiResult<()> {
     Ok(())
 }
 
-pub async fn delete(d: &Driver, req: csi::DeleteVolumeGroupSnapshotRequest) -> CsiResult<csi::DeleteVolumeGroupSnapshotResponse> {
+pub async fn delete(
+    d: &Driver,
+    req: csi::DeleteVolumeGroupSnapshotRequest,
+) -> CsiResult<csi::DeleteVolumeGroupSnapshotResponse> {
     let id = validate::id(&req.group_snapshot_id, "group_snapshot_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[group_key(&id)])?;
@@ -158,7 +175,10 @@ pub async fn delete(d: &Driver, req: csi::DeleteVolumeGroupSnapshotRequest) -> C
     Ok(csi::DeleteVolumeGroupSnapshotResponse {})
 }
 
-pub async fn get(d: &Driver, req: csi::GetVolumeGroupSnapshotRequest) -> CsiResult<csi::GetVolumeGroupSnapshotResponse> {
+pub async fn get(
+    d: &Driver,
+    req: csi::GetVolumeGroupSnapshotRequest,
+) -> CsiResult<csi::GetVolumeGroupSnapshotResponse> {
     let id = validate::id(&req.group_snapshot_id, "group_snapshot_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let key = id.clone();

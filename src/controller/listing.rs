@@ -15,10 +15,15 @@ async fn status(d: &Driver, vol: &Volume) -> (Vec<String>, csi::VolumeCondition)
     (nodes, wire::condition(&d.backend.health(vol).await))
 }
 
-pub async fn list_volumes(d: &Driver, req: csi::ListVolumesRequest) -> CsiResult<csi::ListVolumesResponse> {
+pub async fn list_volumes(
+    d: &Driver,
+    req: csi::ListVolumesRequest,
+) -> CsiResult<csi::ListVolumesResponse> {
     let limit = page_token::page_size(req.max_entries)?;
     let after = page_token::decode(&req.starting_token)?;
-    let page = d.db(move |s| s.list_volumes(after.as_deref(), limit)).await?;
+    let page = d
+        .db(move |s| s.list_volumes(after.as_deref(), limit))
+        .await?;
     let mut entries = Vec::with_capacity(page.items.len());
     for vol in &page.items {
         let (published_node_ids, condition) = status(d, vol).await;
@@ -32,11 +37,18 @@ pub async fn list_volumes(d: &Driver, req: csi::ListVolumesRequest) -> CsiResult
     }
     Ok(csi::ListVolumesResponse {
         entries,
-        next_token: page.next.as_deref().map(page_token::encode).unwrap_or_default(),
+        next_token: page
+            .next
+            .as_deref()
+            .map(page_token::encode)
+            .unwrap_or_default(),
     })
 }
 
-pub async fn get_volume(d: &Driver, req: csi::ControllerGetVolumeRequest) -> CsiResult<csi::ControllerGetVolumeResponse> {
+pub async fn get_volume(
+    d: &Driver,
+    req: csi::ControllerGetVolumeRequest,
+) -> CsiResult<csi::ControllerGetVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?;
     let vol = d.volume(id).await?;
     if vol.lifecycle != Lifecycle::Ready {
@@ -67,7 +79,11 @@ pub async fn validate_capabilities(
     }
     let unsupported: Vec<&Capability> = caps
         .iter()
-        .filter(|c| !vol.capabilities.iter().any(|v| v.same_access(c) && v.mode == c.mode))
+        .filter(|c| {
+            !vol.capabilities
+                .iter()
+                .any(|v| v.same_access(c) && v.mode == c.mode)
+        })
         .collect();
     if !unsupported.is_empty() {
         return Ok(csi::ValidateVolumeCapabilitiesResponse {
@@ -78,7 +94,8 @@ pub async fn validate_capabilities(
             ),
         });
     }
-    let params: std::collections::HashMap<String, String> = vol.parameters.clone().into_iter().collect();
+    let params: std::collections::HashMap<String, String> =
+        vol.parameters.clone().into_iter().collect();
     if !req.parameters.is_empty() && req.parameters != params {
         return Ok(csi::ValidateVolumeCapabilitiesResponse {
             confirmed: None,

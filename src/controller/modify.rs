@@ -8,7 +8,10 @@ use crate::limiter::volume_key;
 use crate::validate;
 use crate::volume::Lifecycle;
 
-pub async fn modify_volume(d: &Driver, req: csi::ControllerModifyVolumeRequest) -> CsiResult<csi::ControllerModifyVolumeResponse> {
+pub async fn modify_volume(
+    d: &Driver,
+    req: csi::ControllerModifyVolumeRequest,
+) -> CsiResult<csi::ControllerModifyVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;

@@ -34,18 +34,27 @@ pub struct SizeRange {
 impl SizeRange {
     pub fn from_wire(range: Option<&csi::CapacityRange>) -> CsiResult<Self> {
         let Some(r) = range else {
-            return Ok(SizeRange { required: 0, limit: 0 });
+            return Ok(SizeRange {
+                required: 0,
+                limit: 0,
+            });
         };
         if r.required_bytes < 0 || r.limit_bytes < 0 {
             return Err(CsiError::invalid(
                 "capacity_range",
-                format!("required_bytes={} and limit_bytes={} must not be negative", r.required_bytes, r.limit_bytes),
+                format!(
+                    "required_bytes={} and limit_bytes={} must not be negative",
+                    r.required_bytes, r.limit_bytes
+                ),
             ));
         }
         if r.limit_bytes > 0 && r.limit_bytes < r.required_bytes {
             return Err(CsiError::invalid(
                 "capacity_range",
-                format!("limit_bytes={} is below required_bytes={}", r.limit_bytes, r.required_bytes),
+                format!(
+                    "limit_bytes={} is below required_bytes={}",
+                    r.limit_bytes, r.required_bytes
+                ),
             ));
         }
         Ok(SizeRange {
@@ -116,9 +125,14 @@ fn decide_backing(caps: &[Capability], choice: BackingChoice) -> CsiResult<Backi
 }
 
 fn decode_source(source: Option<&csi::VolumeContentSource>) -> CsiResult<Option<ContentSource>> {
-    let Some(source) = source else { return Ok(None) };
+    let Some(source) = source else {
+        return Ok(None);
+    };
     match &source.r#type {
-        None => Err(CsiError::invalid("volume_content_source", "type is missing: set snapshot or volume")),
+        None => Err(CsiError::invalid(
+            "volume_content_source",
+            "type is missing: set snapshot or volume",
+        )),
         Some(SourceType::Snapshot(s)) => Ok(Some(ContentSource::Snapshot(
             validate::id(&s.snapshot_id, "volume_content_source.snapshot.snapshot_id")?.to_string(),
         ))),
@@ -129,7 +143,10 @@ fn decode_source(source: Option<&csi::VolumeContentSource>) -> CsiResult<Option<
 }
 
 /// Mutable parameters must all be ones the admin allowed (--mutable-parameters).
-pub fn check_mutable(d: &Driver, params: &HashMap<String, String>) -> CsiResult<BTreeMap<String, String>> {
+pub fn check_mutable(
+    d: &Driver,
+    params: &HashMap<String, String>,
+) -> CsiResult<BTreeMap<String, String>> {
     validate::map(params, "mutable_parameters")?;
     let allowed = &d.config.mutable_parameters;
     let mut refused: Vec<&String> = params.keys().filter(|k| !allowed.contains(*k)).collect();
@@ -147,25 +164,39 @@ pub fn check_mutable(d: &Driver, params: &HashMap<String, String>) -> CsiResult<
 }
 
 /// Whether the volume is reachable from the requested topology.
-fn check_topology(d: &Driver, req: Option<&csi::TopologyRequirement>) -> CsiResult<Vec<BTreeMap<String, String>>> {
+fn check_topology(
+    d: &Driver,
+    req: Option<&csi::TopologyRequirement>,
+) -> CsiResult<Vec<BTreeMap<String, String>>> {
     let offered = d.backend.volume_topology();
     let Some(req) = req else { return Ok(offered) };
     let matches = |t: &csi::Topology| {
         offered.iter().any(|o| {
-            t.segments.iter().all(|(k, v)| !k.starts_with(crate::config::TOPOLOGY_PREFIX) || o.get(k) == Some(v))
+            t.segments
+                .iter()
+                .all(|(k, v)| !k.starts_with(crate::config::TOPOLOGY_PREFIX) || o.get(k) == Some(v))
         })
     };
     if !req.requisite.is_empty() && !req.requisite.iter().any(matches) {
         return Err(CsiError::ResourceExhausted(format!(
             "none of the requisite topologies {:?} can be served; this driver offers {offered:?}",
-            req.requisite.iter().map(|t| &t.segments).collect::<Vec<_>>()
+            req.requisite
+                .iter()
+                .map(|t| &t.segments)
+                .collect::<Vec<_>>()
         )));
     }
     Ok(offered)
 }
 
 /// Why an existing volume of the same name does not answer this request.
-fn mismatch(existing: &Volume, range: &SizeRange, caps: &[Capability], parameters: &BTreeMap<String, String>, source: &Option<ContentSource>) -> Option<String> {
+fn mismatch(
+    existing: &Volume,
+    range: &SizeRange,
+    caps: &[Capability],
+    parameters: &BTreeMap<String, String>,
+    source: &Option<ContentSource>,
+) -> Option<String> {
     if !range.admits(existing.capacity_bytes) {
         return Some(format!(
             "it has {} bytes, outside the requested range [{}, {}]",
@@ -173,10 +204,16 @@ fn mismatch(existing: &Volume, range: &SizeRange, caps: &[Capability], parameter
         ));
     }
     if existing.capabilities != caps {
-        return Some(format!("it was created with capabilities {:?}", existing.capabilities));
+        return Some(format!(
+            "it was created with capabilities {:?}",
+            existing.capabilities
+        ));
     }
     if existing.parameters != *parameters {
-        return Some(format!("it was created with parameters {:?}", existing.parameters));
+        return Some(format!(
+            "it was created with parameters {:?}",
+            existing.parameters
+        ));
     }
     if existing.source != *source {
         return Some(format!("it was created from {:?}", existing.source));
@@ -184,7 +221,10 @@ fn mismatch(existing: &Volume, range: &SizeRange, caps: &[Capability], parameter
     None
 }
 
-pub async fn create_volume(d: &Driver, req: csi::CreateVolumeRequest) -> CsiResult<csi::CreateVolumeResponse> {
+pub async fn create_volume(
+    d: &Driver,
+    req: csi::CreateVolumeRequest,
+) -> CsiResult<csi::CreateVolumeResponse> {
     let name = validate::id(&req.name, "name")?.to_string();
     let caps = Capability::list_from_wire(&req.volume_capabilities, "volume_capabilities")?;
     validate::map(&req.parameters, "parameters")?;
@@ -275,14 +315,18 @@ pub async fn create_volume(d: &Driver, req: csi::CreateVolumeRequest) -> CsiResu
         None => d.backend.create_volume(&vol, None).await?,
         Some(ContentSource::Snapshot(id)) => {
             let snap = ready_snapshot(d, id).await?;
-            d.backend.create_volume(&vol, Some(SourceData::Snapshot(&snap))).await?
+            d.backend
+                .create_volume(&vol, Some(SourceData::Snapshot(&snap)))
+                .await?
         }
         Some(ContentSource::Volume(id)) => {
             let src = d.volume(id).await?;
             if src.lifecycle != Lifecycle::Ready {
                 return Err(CsiError::VolumeNotFound(id.clone()));
             }
-            d.backend.create_volume(&vol, Some(SourceData::Volume(&src))).await?
+            d.backend
+                .create_volume(&vol, Some(SourceData::Volume(&src)))
+                .await?
         }
     }
     vol.lifecycle = Lifecycle::Ready;
@@ -318,7 +362,10 @@ async fn source_size(d: &Driver, source: &ContentSource) -> CsiResult<u64> {
     }
 }
 
-pub async fn delete_volume(d: &Driver, req: csi::DeleteVolumeRequest) -> CsiResult<csi::DeleteVolumeResponse> {
+pub async fn delete_volume(
+    d: &Driver,
+    req: csi::DeleteVolumeRequest,
+) -> CsiResult<csi::DeleteVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
@@ -338,11 +385,21 @@ pub async fn delete_volume(d: &Driver, req: csi::DeleteVolumeRequest) -> CsiResu
     Ok(csi::DeleteVolumeResponse {})
 }
 
-pub async fn expand_volume(d: &Driver, req: csi::ControllerExpandVolumeRequest) -> CsiResult<csi::ControllerExpandVolumeResponse> {
+pub async fn expand_volume(
+    d: &Driver,
+    req: csi::ControllerExpandVolumeRequest,
+) -> CsiResult<csi::ControllerExpandVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
-    let range = SizeRange::from_wire(Some(req.capacity_range.as_ref().ok_or(CsiError::Missing("capacity_range"))?))?;
+    let range = SizeRange::from_wire(Some(
+        req.capacity_range
+            .as_ref()
+            .ok_or(CsiError::Missing("capacity_range"))?,
+    ))?;
     if range.required == 0 && range.limit == 0 {
-        return Err(CsiError::invalid("capacity_range", "neither required_bytes nor limit_bytes is set"));
+        return Err(CsiError::invalid(
+            "capacity_range",
+            "neither required_bytes nor limit_bytes is set",
+        ));
     }
     validate::secrets(&req.secrets)?;
     let cap = req
@@ -362,7 +419,11 @@ pub async fn expand_volume(d: &Driver, req: csi::ControllerExpandVolumeRequest) 
         (Backing::BlockFile { .. }, Some(AccessType::Block)) => true,
         (Backing::BlockFile { .. }, _) => true,
     };
-    let target = if range.required > 0 { range.required } else { range.limit };
+    let target = if range.required > 0 {
+        range.required
+    } else {
+        range.limit
+    };
     if target <= vol.capacity_bytes {
         // Already at least that large; volumes never shrink.
         return Ok(csi::ControllerExpandVolumeResponse {
@@ -401,20 +462,68 @@ mod tests {
 
     #[test]
     fn sizes_respect_the_range() {
-        let r = SizeRange { required: 10, limit: 0 };
+        let r = SizeRange {
+            required: 10,
+            limit: 0,
+        };
         assert_eq!(r.choose(0, u64::MAX).unwrap(), 4096);
-        let r = SizeRange { required: 10, limit: 100 };
-        assert_eq!(r.choose(0, u64::MAX).unwrap(), 10, "no alignment beyond the limit");
-        assert_eq!(SizeRange { required: 0, limit: 0 }.choose(0, u64::MAX).unwrap(), DEFAULT_VOLUME_SIZE);
-        assert_eq!(SizeRange { required: 5 << 30, limit: 0 }.choose(0, 1 << 30).unwrap_err().code(), tonic::Code::OutOfRange);
-        assert_eq!(SizeRange { required: 0, limit: 1 << 20 }.choose(16 << 20, u64::MAX).unwrap_err().code(), tonic::Code::OutOfRange);
+        let r = SizeRange {
+            required: 10,
+            limit: 100,
+        };
+        assert_eq!(
+            r.choose(0, u64::MAX).unwrap(),
+            10,
+            "no alignment beyond the limit"
+        );
+        assert_eq!(
+            SizeRange {
+                required: 0,
+                limit: 0
+            }
+            .choose(0, u64::MAX)
+            .unwrap(),
+            DEFAULT_VOLUME_SIZE
+        );
+        assert_eq!(
+            SizeRange {
+                required: 5 << 30,
+                limit: 0
+            }
+            .choose(0, 1 << 30)
+            .unwrap_err()
+            .code(),
+            tonic::Code::OutOfRange
+        );
+        assert_eq!(
+            SizeRange {
+                required: 0,
+                limit: 1 << 20
+            }
+            .choose(16 << 20, u64::MAX)
+            .unwrap_err()
+            .code(),
+            tonic::Code::OutOfRange
+        );
     }
 
     #[test]
     fn bad_ranges_are_invalid() {
-        let bad = csi::CapacityRange { required_bytes: 10, limit_bytes: 5 };
-        assert_eq!(SizeRange::from_wire(Some(&bad)).unwrap_err().code(), tonic::Code::InvalidArgument);
-        let neg = csi::CapacityRange { required_bytes: -1, limit_bytes: 0 };
-        assert_eq!(SizeRange::from_wire(Some(&neg)).unwrap_err().code(), tonic::Code::InvalidArgument);
+        let bad = csi::CapacityRange {
+            required_bytes: 10,
+            limit_bytes: 5,
+        };
+        assert_eq!(
+            SizeRange::from_wire(Some(&bad)).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let neg = csi::CapacityRange {
+            required_bytes: -1,
+            limit_bytes: 0,
+        };
+        assert_eq!(
+            SizeRange::from_wire(Some(&neg)).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
     }
 }

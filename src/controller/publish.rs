@@ -8,7 +8,10 @@ use crate::limiter::volume_key;
 use crate::state::{self, AttachLimit, Step};
 use crate::validate;
 
-pub async fn publish(d: &Driver, req: csi::ControllerPublishVolumeRequest) -> CsiResult<csi::ControllerPublishVolumeResponse> {
+pub async fn publish(
+    d: &Driver,
+    req: csi::ControllerPublishVolumeRequest,
+) -> CsiResult<csi::ControllerPublishVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     let node_id = validate::id(&req.node_id, "node_id")?.to_string();
     let cap = Capability::required(req.volume_capability.as_ref(), "volume_capability")?;
@@ -25,7 +28,10 @@ pub async fn publish(d: &Driver, req: csi::ControllerPublishVolumeRequest) -> Cs
         max => {
             let node = node_id.clone();
             let attached_on_node = d.db(move |s| s.attached_count(&node)).await?;
-            Some(AttachLimit { attached_on_node, max })
+            Some(AttachLimit {
+                attached_on_node,
+                max,
+            })
         }
     };
     let mut next = match state::controller_publish(&vol, &node_id, req.readonly, &cap, limit)? {
@@ -42,7 +48,11 @@ pub async fn publish(d: &Driver, req: csi::ControllerPublishVolumeRequest) -> Cs
         Step::Next(next) => next,
     };
     let context = d.backend.attach(&vol, &node_id).await?;
-    if let Some(a) = next.nodes.get_mut(&node_id).and_then(|n| n.attachment.as_mut()) {
+    if let Some(a) = next
+        .nodes
+        .get_mut(&node_id)
+        .and_then(|n| n.attachment.as_mut())
+    {
         a.publish_context = context.clone();
     }
     d.put_volume(&next).await?;
@@ -52,7 +62,10 @@ pub async fn publish(d: &Driver, req: csi::ControllerPublishVolumeRequest) -> Cs
     })
 }
 
-pub async fn unpublish(d: &Driver, req: csi::ControllerUnpublishVolumeRequest) -> CsiResult<csi::ControllerUnpublishVolumeResponse> {
+pub async fn unpublish(
+    d: &Driver,
+    req: csi::ControllerUnpublishVolumeRequest,
+) -> CsiResult<csi::ControllerUnpublishVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     if !req.node_id.is_empty() {
         validate::id(&req.node_id, "node_id")?;

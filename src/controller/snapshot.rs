@@ -29,7 +29,12 @@ pub async fn cut(d: &Driver, mut snap: Snapshot, source: &Volume) -> CsiResult<S
     Ok(snap)
 }
 
-pub fn new_record(name: &str, source: &Volume, parameters: BTreeMap<String, String>, group: Option<&str>) -> Snapshot {
+pub fn new_record(
+    name: &str,
+    source: &Volume,
+    parameters: BTreeMap<String, String>,
+    group: Option<&str>,
+) -> Snapshot {
     let (secs, nanos) = now();
     Snapshot {
         id: format!("snap-{}", uuid::Uuid::new_v4().simple()),
@@ -45,7 +50,10 @@ pub fn new_record(name: &str, source: &Volume, parameters: BTreeMap<String, Stri
     }
 }
 
-pub async fn create_snapshot(d: &Driver, req: csi::CreateSnapshotRequest) -> CsiResult<csi::CreateSnapshotResponse> {
+pub async fn create_snapshot(
+    d: &Driver,
+    req: csi::CreateSnapshotRequest,
+) -> CsiResult<csi::CreateSnapshotResponse> {
     let name = validate::id(&req.name, "name")?.to_string();
     let source_id = validate::id(&req.source_volume_id, "source_volume_id")?.to_string();
     validate::map(&req.parameters, "parameters")?;
@@ -66,7 +74,10 @@ pub async fn create_snapshot(d: &Driver, req: csi::CreateSnapshotRequest) -> Csi
             )));
         }
         if existing.lifecycle == Lifecycle::Deleting {
-            return Err(CsiError::Aborted(format!("snapshot {:?} is being deleted", existing.id)));
+            return Err(CsiError::Aborted(format!(
+                "snapshot {:?} is being deleted",
+                existing.id
+            )));
         }
     }
     let source = d.volume(&source_id).await?;
@@ -94,7 +105,10 @@ pub async fn remove(d: &Driver, mut snap: Snapshot) -> CsiResult<()> {
     Ok(())
 }
 
-pub async fn delete_snapshot(d: &Driver, req: csi::DeleteSnapshotRequest) -> CsiResult<csi::DeleteSnapshotResponse> {
+pub async fn delete_snapshot(
+    d: &Driver,
+    req: csi::DeleteSnapshotRequest,
+) -> CsiResult<csi::DeleteSnapshotResponse> {
     let id = validate::id(&req.snapshot_id, "snapshot_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[snapshot_key(&id)])?;
@@ -114,7 +128,10 @@ pub async fn delete_snapshot(d: &Driver, req: csi::DeleteSnapshotRequest) -> Csi
     Ok(csi::DeleteSnapshotResponse {})
 }
 
-pub async fn list_snapshots(d: &Driver, req: csi::ListSnapshotsRequest) -> CsiResult<csi::ListSnapshotsResponse> {
+pub async fn list_snapshots(
+    d: &Driver,
+    req: csi::ListSnapshotsRequest,
+) -> CsiResult<csi::ListSnapshotsResponse> {
     let limit = page_token::page_size(req.max_entries)?;
     let after = page_token::decode(&req.starting_token)?;
     validate::secrets(&req.secrets)?;
@@ -133,7 +150,9 @@ pub async fn list_snapshots(d: &Driver, req: csi::ListSnapshotsRequest) -> CsiRe
             .db(move |s| s.snapshot(&id))
             .await?
             .filter(|s| s.lifecycle == Lifecycle::Ready)
-            .filter(|s| req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id)
+            .filter(|s| {
+                req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id
+            })
             .filter(|s| after.as_deref().is_none_or(|a| s.id.as_str() > a));
         return Ok(csi::ListSnapshotsResponse {
             entries: entries(found.into_iter().collect()),
@@ -152,6 +171,10 @@ pub async fn list_snapshots(d: &Driver, req: csi::ListSnapshotsRequest) -> CsiRe
         .await?;
     Ok(csi::ListSnapshotsResponse {
         entries: entries(page.items),
-        next_token: page.next.as_deref().map(page_token::encode).unwrap_or_default(),
+        next_token: page
+            .next
+            .as_deref()
+            .map(page_token::encode)
+            .unwrap_or_default(),
     })
 }

@@ -4,14 +4,21 @@ use crate::csi;
 use crate::volume::{ContentSource, GroupSnapshot, Snapshot, Volume};
 
 pub fn timestamp(secs: i64, nanos: i32) -> prost_types::Timestamp {
-    prost_types::Timestamp { seconds: secs, nanos }
+    prost_types::Timestamp {
+        seconds: secs,
+        nanos,
+    }
 }
 
 pub fn content_source(source: &ContentSource) -> csi::VolumeContentSource {
     use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
     let t = match source {
-        ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource { snapshot_id: id.clone() }),
-        ContentSource::Volume(id) => Type::Volume(VolumeSource { volume_id: id.clone() }),
+        ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource {
+            snapshot_id: id.clone(),
+        }),
+        ContentSource::Volume(id) => Type::Volume(VolumeSource {
+            volume_id: id.clone(),
+        }),
     };
     csi::VolumeContentSource { r#type: Some(t) }
 }

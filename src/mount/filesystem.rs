@@ -7,9 +7,11 @@ use std::path::Path;
 use tokio::process::Command;
 
 async fn run(program: &str, args: &[&str]) -> io::Result<std::process::Output> {
-    Command::new(program).args(args).output().await.map_err(|e| {
-        io::Error::new(e.kind(), format!("{program}: {e}"))
-    })
+    Command::new(program)
+        .args(args)
+        .output()
+        .await
+        .map_err(|e| io::Error::new(e.kind(), format!("{program}: {e}")))
 }
 
 fn failed(program: &str, out: &std::process::Output) -> io::Error {
@@ -46,7 +48,13 @@ pub async fn make(device: &Path, fs_type: &str) -> io::Result<()> {
     let program = format!("mkfs.{fs_type}");
     let args: Vec<&str> = match fs_type {
         "xfs" => vec!["-q", "-f", &dev],
-        _ => vec!["-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1", &dev],
+        _ => vec![
+            "-q",
+            "-F",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1",
+            &dev,
+        ],
     };
     let out = run(&program, &args).await?;
     if out.status.success() {

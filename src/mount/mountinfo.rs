@@ -72,7 +72,11 @@ pub fn read() -> io::Result<Vec<MountEntry>> {
 
 /// The topmost mount at exactly `path`, if any.
 pub fn find(entries: &[MountEntry], path: &Path) -> Option<MountEntry> {
-    entries.iter().rev().find(|e| e.mount_point == path).cloned()
+    entries
+        .iter()
+        .rev()
+        .find(|e| e.mount_point == path)
+        .cloned()
 }
 
 /// Whether `path` (resolved through symlinks when it exists) is a mount point.

@@ -62,8 +62,13 @@ mod tests {
 
     #[test]
     fn splits_kernel_flags_from_fs_data() {
-        let o = MountOptions::parse(&["noatime".into(), "data=ordered".into(), "nosuid".into()], true);
-        assert!(o.flags.contains(MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_RDONLY));
+        let o = MountOptions::parse(
+            &["noatime".into(), "data=ordered".into(), "nosuid".into()],
+            true,
+        );
+        assert!(o
+            .flags
+            .contains(MsFlags::MS_NOATIME | MsFlags::MS_NOSUID | MsFlags::MS_RDONLY));
         assert_eq!(o.data_string().as_deref(), Some("data=ordered"));
         assert!(!MountOptions::parse(&[], false).needs_remount());
     }

@@ -31,8 +31,14 @@ fn sys(op: &'static str, target: &Path, errno: Errno) -> MountError {
 /// Bind-mounts `source` at `target`, then applies the flags (read-only,
 /// nosuid, ...) with a remount, since a bind mount ignores them.
 pub fn bind(source: &Path, target: &Path, opts: &MountOptions) -> Result<(), MountError> {
-    mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-        .map_err(|e| sys("bind mount", target, e))?;
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| sys("bind mount", target, e))?;
     if opts.needs_remount() {
         let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | opts.flags;
         if let Err(e) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
@@ -45,10 +51,21 @@ pub fn bind(source: &Path, target: &Path, opts: &MountOptions) -> Result<(), Mou
 }
 
 /// Mounts the filesystem on `device` at `target`.
-pub fn mount_fs(device: &Path, target: &Path, fs_type: &str, opts: &MountOptions) -> Result<(), MountError> {
+pub fn mount_fs(
+    device: &Path,
+    target: &Path,
+    fs_type: &str,
+    opts: &MountOptions,
+) -> Result<(), MountError> {
     let data = opts.data_string();
-    mount(Some(device), target, Some(fs_type), opts.flags, data.as_deref())
-        .map_err(|e| sys("mount", target, e))
+    mount(
+        Some(device),
+        target,
+        Some(fs_type),
+        opts.flags,
+        data.as_deref(),
+    )
+    .map_err(|e| sys("mount", target, e))
 }
 
 /// Unmounts everything stacked at `target` until it is no longer a mount
@@ -64,5 +81,9 @@ pub fn unmount_all(target: &Path) -> Result<(), MountError> {
             Err(e) => return Err(sys("unmount", target, e)),
         }
     }
-    Err(sys("unmount (still mounted after 16 attempts)", target, Errno::EBUSY))
+    Err(sys(
+        "unmount (still mounted after 16 attempts)",
+        target,
+        Errno::EBUSY,
+    ))
 }

@@ -5,9 +5,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 /// System trees no CSI staging or target path may be in.
-const FORBIDDEN_TREES: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot"];
+const FORBIDDEN_TREES: &[&str] = &[
+    "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot",
+];
 /// Directories that may hold CSI paths but must never be mounted over themselves.
-const FORBIDDEN_EXACT: &[&str] = &["/", "/var", "/var/lib", "/tmp", "/root", "/home", "/run", "/mnt", "/opt", "/srv"];
+const FORBIDDEN_EXACT: &[&str] = &[
+    "/", "/var", "/var/lib", "/tmp", "/root", "/home", "/run", "/mnt", "/opt", "/srv",
+];
 
 /// Resolves `path` as far as it exists (symlinks included) and checks it.
 pub fn check(path: &Path) -> io::Result<PathBuf> {
@@ -31,7 +35,11 @@ pub fn check(path: &Path) -> io::Result<PathBuf> {
     if forbidden {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("{} resolves to {}, a system path this driver never mounts on", path.display(), resolved.display()),
+            format!(
+                "{} resolves to {}, a system path this driver never mounts on",
+                path.display(),
+                resolved.display()
+            ),
         ));
     }
     Ok(resolved)
@@ -51,6 +59,11 @@ mod tests {
         std::os::unix::fs::symlink("/etc", &link).unwrap();
         assert!(check(&link.join("target")).is_err());
         let ok = tmp.path().join("not/yet/there");
-        assert_eq!(check(&ok).unwrap(), std::fs::canonicalize(tmp.path()).unwrap().join("not/yet/there"));
+        assert_eq!(
+            check(&ok).unwrap(),
+            std::fs::canonicalize(tmp.path())
+                .unwrap()
+                .join("not/yet/there")
+        );
     }
 }

@@ -18,7 +18,12 @@ pub fn requested(context: &HashMap<String, String>) -> bool {
 }
 
 /// The volume's record, created (with its storage) on first use.
-pub async fn ensure(d: &Driver, id: &str, context: &HashMap<String, String>, cap: &Capability) -> CsiResult<Volume> {
+pub async fn ensure(
+    d: &Driver,
+    id: &str,
+    context: &HashMap<String, String>,
+    cap: &Capability,
+) -> CsiResult<Volume> {
     let key = id.to_string();
     if let Some(existing) = d.db(move |s| s.volume(&key)).await? {
         if !existing.ephemeral {
@@ -31,13 +36,22 @@ pub async fn ensure(d: &Driver, id: &str, context: &HashMap<String, String>, cap
         }
     }
     if cap.is_block() {
-        return Err(CsiError::invalid("volume_capability", "ephemeral inline volumes support mount access only"));
+        return Err(CsiError::invalid(
+            "volume_capability",
+            "ephemeral inline volumes support mount access only",
+        ));
     }
     // The id is chosen by kubelet, but it becomes a directory name: only a
     // plain name is accepted.
-    let safe = id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') && !id.starts_with('-');
+    let safe = id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !id.starts_with('-');
     if !safe {
-        return Err(CsiError::invalid("volume_id", format!("{id:?}: inline volume ids must be [A-Za-z0-9_-]")));
+        return Err(CsiError::invalid(
+            "volume_id",
+            format!("{id:?}: inline volume ids must be [A-Za-z0-9_-]"),
+        ));
     }
     let (secs, _) = now();
     let mut vol = Volume {
@@ -67,7 +81,9 @@ pub async fn ensure(d: &Driver, id: &str, context: &HashMap<String, String>, cap
 pub fn data_dir(d: &Driver, vol: &Volume) -> CsiResult<PathBuf> {
     match d.backend.node_source(vol)? {
         NodeSource::Directory(p) => Ok(p),
-        NodeSource::BlockFile(_) => Err(CsiError::Internal("ephemeral volumes are directories".into())),
+        NodeSource::BlockFile(_) => Err(CsiError::Internal(
+            "ephemeral volumes are directories".into(),
+        )),
     }
 }
 

@@ -11,7 +11,10 @@ use crate::mount::{filesystem, loopdev};
 use crate::validate;
 use crate::volume::Backing;
 
-pub async fn expand(d: &Driver, req: csi::NodeExpandVolumeRequest) -> CsiResult<csi::NodeExpandVolumeResponse> {
+pub async fn expand(
+    d: &Driver,
+    req: csi::NodeExpandVolumeRequest,
+) -> CsiResult<csi::NodeExpandVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     if req.volume_path.is_empty() {
         return Err(CsiError::Missing("volume_path"));
@@ -20,7 +23,8 @@ pub async fn expand(d: &Driver, req: csi::NodeExpandVolumeRequest) -> CsiResult<
     let vol = d.volume(&id).await?;
     let node = vol.node(&d.config.node_id);
     let known = node.is_some_and(|n| {
-        n.targets.contains_key(&req.volume_path) || n.stage.as_ref().is_some_and(|s| s.path == req.volume_path)
+        n.targets.contains_key(&req.volume_path)
+            || n.stage.as_ref().is_some_and(|s| s.path == req.volume_path)
     });
     if !known {
         return Err(CsiError::NotFound(format!(
@@ -30,16 +34,22 @@ pub async fn expand(d: &Driver, req: csi::NodeExpandVolumeRequest) -> CsiResult<
     }
     let Backing::BlockFile { fs_type } = &vol.backing else {
         // A directory volume has no device or filesystem of its own to grow.
-        return Ok(csi::NodeExpandVolumeResponse { capacity_bytes: vol.capacity_bytes as i64 });
+        return Ok(csi::NodeExpandVolumeResponse {
+            capacity_bytes: vol.capacity_bytes as i64,
+        });
     };
-    let stage = node
-        .and_then(|n| n.stage.as_ref())
-        .ok_or_else(|| CsiError::FailedPrecondition(format!("volume {id:?} is not staged on this node")))?;
+    let stage = node.and_then(|n| n.stage.as_ref()).ok_or_else(|| {
+        CsiError::FailedPrecondition(format!("volume {id:?} is not staged on this node"))
+    })?;
     let file = d.backend_path(&vol)?;
     let dev = loopdev::find(&file)
         .map_err(|e| CsiError::io("find loop device of", &file, e))?
-        .ok_or_else(|| CsiError::FailedPrecondition(format!("volume {id:?} has no loop device attached")))?;
-    loopdev::refresh_capacity(&dev).await.map_err(|e| CsiError::io("refresh capacity of", &dev, e))?;
+        .ok_or_else(|| {
+            CsiError::FailedPrecondition(format!("volume {id:?} has no loop device attached"))
+        })?;
+    loopdev::refresh_capacity(&dev)
+        .await
+        .map_err(|e| CsiError::io("refresh capacity of", &dev, e))?;
     if !stage.capability.is_block() {
         let fs = stage.capability.fs_type().unwrap_or(fs_type);
         filesystem::grow(&dev, Path::new(&stage.path), fs)
@@ -48,5 +58,7 @@ pub async fn expand(d: &Driver, req: csi::NodeExpandVolumeRequest) -> CsiResult<
     }
     let size = loopdev::size_bytes(&dev).map_err(|e| CsiError::io("size of", &dev, e))?;
     tracing::info!(volume_id = %id, bytes = size, "volume expanded on node");
-    Ok(csi::NodeExpandVolumeResponse { capacity_bytes: size as i64 })
+    Ok(csi::NodeExpandVolumeResponse {
+        capacity_bytes: size as i64,
+    })
 }

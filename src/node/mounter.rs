@@ -36,7 +36,12 @@ fn ensure_file(path: &Path) -> CsiResult<()> {
     if let Some(parent) = path.parent() {
         ensure_dir(parent)?;
     }
-    match fs::OpenOptions::new().create(true).truncate(false).write(true).open(path) {
+    match fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+    {
         Ok(_) => Ok(()),
         Err(e) => Err(CsiError::io("create file", path, e)),
     }
@@ -62,7 +67,12 @@ pub fn staged_source(staging: &Path, cap: &Capability) -> PathBuf {
 }
 
 /// Stages `source` at `staging` for `cap`; returns the loop device used.
-pub async fn stage(source: &NodeSource, staging: &Path, cap: &Capability, default_fs: &str) -> CsiResult<Option<String>> {
+pub async fn stage(
+    source: &NodeSource,
+    staging: &Path,
+    cap: &Capability,
+    default_fs: &str,
+) -> CsiResult<Option<String>> {
     let staging = guard(staging, "staging_target_path")?;
     ensure_dir(&staging)?;
     match source {
@@ -74,12 +84,18 @@ pub async fn stage(source: &NodeSource, staging: &Path, cap: &Capability, defaul
                 ));
             }
             if !mounted(&staging)? {
-                syscalls::bind(dir, &staging, &MountOptions::parse(cap.mount_flags(), false))?;
+                syscalls::bind(
+                    dir,
+                    &staging,
+                    &MountOptions::parse(cap.mount_flags(), false),
+                )?;
             }
             Ok(None)
         }
         NodeSource::BlockFile(file) => {
-            let dev = loopdev::attach(file).await.map_err(|e| CsiError::io("attach loop device for", file, e))?;
+            let dev = loopdev::attach(file)
+                .await
+                .map_err(|e| CsiError::io("attach loop device for", file, e))?;
             let staged = stage_block_file(&dev, &staging, cap, default_fs).await;
             if staged.is_err() {
                 // Leave nothing attached behind a failed stage.
@@ -91,7 +107,12 @@ pub async fn stage(source: &NodeSource, staging: &Path, cap: &Capability, defaul
     }
 }
 
-async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_fs: &str) -> CsiResult<()> {
+async fn stage_block_file(
+    dev: &Path,
+    staging: &Path,
+    cap: &Capability,
+    default_fs: &str,
+) -> CsiResult<()> {
     if cap.is_block() {
         let node = staging.join(BLOCK_DEVICE_FILE);
         ensure_file(&node)?;
@@ -101,7 +122,9 @@ async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_
         return Ok(());
     }
     let wanted = cap.fs_type().unwrap_or(default_fs).to_string();
-    let existing = filesystem::probe(dev).await.map_err(|e| CsiError::io("probe filesystem on", dev, e))?;
+    let existing = filesystem::probe(dev)
+        .await
+        .map_err(|e| CsiError::io("probe filesystem on", dev, e))?;
     let fs_type = match existing {
         Some(found) if cap.fs_type().is_some_and(|w| w != found) => {
             return Err(CsiError::FailedPrecondition(format!(
@@ -115,12 +138,19 @@ async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_
                     "mkfs.{wanted} is not installed on this node"
                 )));
             }
-            filesystem::make(dev, &wanted).await.map_err(|e| CsiError::io("make filesystem on", dev, e))?;
+            filesystem::make(dev, &wanted)
+                .await
+                .map_err(|e| CsiError::io("make filesystem on", dev, e))?;
             wanted
         }
     };
     if !mounted(staging)? {
-        syscalls::mount_fs(dev, staging, &fs_type, &MountOptions::parse(cap.mount_flags(), false))?;
+        syscalls::mount_fs(
+            dev,
+            staging,
+            &fs_type,
+            &MountOptions::parse(cap.mount_flags(), false),
+        )?;
     }
     Ok(())
 }
@@ -136,7 +166,9 @@ pub async fn unstage(source: &NodeSource, staging: &Path, cap: &Capability) -> C
         syscalls::unmount_all(&staging)?;
     }
     if let NodeSource::BlockFile(file) = source {
-        loopdev::detach_file(file).await.map_err(|e| CsiError::io("detach loop device of", file, e))?;
+        loopdev::detach_file(file)
+            .await
+            .map_err(|e| CsiError::io("detach loop device of", file, e))?;
     }
     Ok(())
 }
@@ -152,7 +184,11 @@ pub fn publish(from: &Path, target: &Path, cap: &Capability, readonly: bool) -> 
         ensure_dir(&target)?;
     }
     if !mounted(&target)? {
-        if let Err(e) = syscalls::bind(from, &target, &MountOptions::parse(cap.mount_flags(), readonly)) {
+        if let Err(e) = syscalls::bind(
+            from,
+            &target,
+            &MountOptions::parse(cap.mount_flags(), readonly),
+        ) {
             let _ = remove_path(&target);
             return Err(e.into());
         }

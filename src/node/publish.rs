@@ -12,7 +12,10 @@ use crate::state::{self, StagingRule, Step};
 use crate::validate;
 use crate::volume::Progress;
 
-pub async fn publish(d: &Driver, req: csi::NodePublishVolumeRequest) -> CsiResult<csi::NodePublishVolumeResponse> {
+pub async fn publish(
+    d: &Driver,
+    req: csi::NodePublishVolumeRequest,
+) -> CsiResult<csi::NodePublishVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     let target = validate::path(&req.target_path, "target_path")?.to_string();
     let cap = Capability::required(req.volume_capability.as_ref(), "volume_capability")?;
@@ -33,8 +36,20 @@ pub async fn publish(d: &Driver, req: csi::NodePublishVolumeRequest) -> CsiResul
     } else {
         d.volume(&id).await?
     };
-    let rule = if vol.ephemeral { StagingRule::NotUsed } else { StagingRule::Required };
-    let next = match state::node_publish(&vol, &node_id, &target, &staging, req.readonly, &cap, rule)? {
+    let rule = if vol.ephemeral {
+        StagingRule::NotUsed
+    } else {
+        StagingRule::Required
+    };
+    let next = match state::node_publish(
+        &vol,
+        &node_id,
+        &target,
+        &staging,
+        req.readonly,
+        &cap,
+        rule,
+    )? {
         Step::Unchanged => {
             if mounter::is_mounted(Path::new(&target)) {
                 return Ok(csi::NodePublishVolumeResponse {});
@@ -54,7 +69,8 @@ pub async fn publish(d: &Driver, req: csi::NodePublishVolumeRequest) -> CsiResul
     };
     match mounter::publish(&from, Path::new(&target), &cap, req.readonly) {
         Ok(()) => {
-            d.put_volume(&state::publish_done(&next, &node_id, &target)).await?;
+            d.put_volume(&state::publish_done(&next, &node_id, &target))
+                .await?;
             tracing::info!(volume_id = %id, target = %target, readonly = req.readonly, "volume PUBLISHED");
             Ok(csi::NodePublishVolumeResponse {})
         }
@@ -76,7 +92,10 @@ pub async fn publish(d: &Driver, req: csi::NodePublishVolumeRequest) -> CsiResul
     }
 }
 
-pub async fn unpublish(d: &Driver, req: csi::NodeUnpublishVolumeRequest) -> CsiResult<csi::NodeUnpublishVolumeResponse> {
+pub async fn unpublish(
+    d: &Driver,
+    req: csi::NodeUnpublishVolumeRequest,
+) -> CsiResult<csi::NodeUnpublishVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     let target = validate::path(&req.target_path, "target_path")?.to_string();
     let node_id = d.config.node_id.clone();

@@ -41,9 +41,11 @@ pub async fn reconcile(d: &Driver) -> CsiResult<Report> {
     }
     let volumes_dir = d.config.state_dir.join("volumes");
     let volumes_dir = std::fs::canonicalize(&volumes_dir).unwrap_or(volumes_dir);
-    for (dev, backing) in loopdev::list().unwrap_or_default() {
+    for loop_dev in loopdev::devices().unwrap_or_default() {
+        let (dev, backing) = (loop_dev.device, loop_dev.backing);
         if backing.starts_with(&volumes_dir) && !in_use.contains(&backing) {
-            if let Err(e) = loopdev::detach_file(&backing).await {
+            // By device: the file may be gone (sysfs then says "<file> (deleted)").
+            if let Err(e) = loopdev::detach(&dev).await {
                 tracing::warn!(device = %dev.display(), error = %e, "could not detach stale loop device");
             } else {
                 tracing::info!(device = %dev.display(), file = %backing.display(), "detached stale loop device");
@@ -55,14 +57,31 @@ pub async fn reconcile(d: &Driver) -> CsiResult<Report> {
     Ok(report)
 }
 
-async fn reconcile_volume(d: &Driver, mut vol: Volume, node_id: &str, report: &mut Report) -> CsiResult<Volume> {
-    let Some(node) = vol.node(node_id).cloned() else { return Ok(vol) };
+async fn reconcile_volume(
+    d: &Driver,
+    mut vol: Volume,
+    node_id: &str,
+    report: &mut Report,
+) -> CsiResult<Volume> {
+    let Some(node) = vol.node(node_id).cloned() else {
+        return Ok(vol);
+    };
     let source = d.backend.node_source(&vol)?;
     // 1. A finished stage comes back first: publications are bound from it.
     let mut stage_ok = true;
     if let Some(stage) = node.stage.as_ref().filter(|s| s.progress == Progress::Done) {
-        if !mounter::is_mounted(&mounter::staged_source(Path::new(&stage.path), &stage.capability)) {
-            match mounter::stage(&source, Path::new(&stage.path), &stage.capability, default_fs(&vol)).await {
+        if !mounter::is_mounted(&mounter::staged_source(
+            Path::new(&stage.path),
+            &stage.capability,
+        )) {
+            match mounter::stage(
+                &source,
+                Path::new(&stage.path),
+                &stage.capability,
+                default_fs(&vol),
+            )
+            .await
+            {
                 Ok(device) => {
                     vol = state::stage_done(&vol, node_id, device);
                     report.restored += 1;
@@ -92,10 +111,17 @@ async fn reconcile_volume(d: &Driver, mut vol: Volume, node_id: &str, report: &m
             Progress::Done if stage_ok && !mounter::is_mounted(path) => {
                 let from = match (&vol.ephemeral, &node.stage) {
                     (true, _) => ephemeral::data_dir(d, &vol),
-                    (false, Some(s)) => Ok(mounter::staged_source(Path::new(&s.path), &publication.capability)),
-                    (false, None) => Err(crate::error::CsiError::Internal("publication without stage".into())),
+                    (false, Some(s)) => Ok(mounter::staged_source(
+                        Path::new(&s.path),
+                        &publication.capability,
+                    )),
+                    (false, None) => Err(crate::error::CsiError::Internal(
+                        "publication without stage".into(),
+                    )),
                 };
-                match from.and_then(|f| mounter::publish(&f, path, &publication.capability, publication.readonly)) {
+                match from.and_then(|f| {
+                    mounter::publish(&f, path, &publication.capability, publication.readonly)
+                }) {
                     Ok(()) => report.restored += 1,
                     Err(e) => {
                         tracing::error!(volume_id = %vol.id, target, error = %e, "could not restore publication");

@@ -19,7 +19,10 @@ pub fn default_fs(vol: &Volume) -> &str {
     }
 }
 
-pub async fn stage(d: &Driver, req: csi::NodeStageVolumeRequest) -> CsiResult<csi::NodeStageVolumeResponse> {
+pub async fn stage(
+    d: &Driver,
+    req: csi::NodeStageVolumeRequest,
+) -> CsiResult<csi::NodeStageVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     let path = validate::path(&req.staging_target_path, "staging_target_path")?.to_string();
     let cap = Capability::required(req.volume_capability.as_ref(), "volume_capability")?;
@@ -50,13 +53,18 @@ pub async fn stage(d: &Driver, req: csi::NodeStageVolumeRequest) -> CsiResult<cs
     let source = d.backend.node_source(&next)?;
     match mounter::stage(&source, Path::new(&path), &cap, default_fs(&next)).await {
         Ok(device) => {
-            d.put_volume(&state::stage_done(&next, &node_id, device)).await?;
+            d.put_volume(&state::stage_done(&next, &node_id, device))
+                .await?;
             tracing::info!(volume_id = %id, staging = %path, "volume VOL_READY");
             Ok(csi::NodeStageVolumeResponse {})
         }
         Err(e) => {
             // Forget the intent: nothing is staged, a retry starts afresh.
-            if next.node(&node_id).and_then(|n| n.stage.as_ref()).is_some_and(|s| s.progress != Progress::Done) {
+            if next
+                .node(&node_id)
+                .and_then(|n| n.stage.as_ref())
+                .is_some_and(|s| s.progress != Progress::Done)
+            {
                 d.put_volume(&state::stage_removed(&next, &node_id)).await?;
             }
             Err(e)
@@ -64,7 +72,10 @@ pub async fn stage(d: &Driver, req: csi::NodeStageVolumeRequest) -> CsiResult<cs
     }
 }
 
-pub async fn unstage(d: &Driver, req: csi::NodeUnstageVolumeRequest) -> CsiResult<csi::NodeUnstageVolumeResponse> {
+pub async fn unstage(
+    d: &Driver,
+    req: csi::NodeUnstageVolumeRequest,
+) -> CsiResult<csi::NodeUnstageVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     let path = validate::path(&req.staging_target_path, "staging_target_path")?.to_string();
     let node_id = d.config.node_id.clone();

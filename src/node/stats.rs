@@ -10,7 +10,11 @@ use crate::validate;
 use crate::volume::Volume;
 
 /// The record of `path` on this node: (is it a staging path, capability).
-fn locate<'a>(vol: &'a Volume, node_id: &str, path: &str) -> Option<(bool, &'a crate::capability::Capability)> {
+fn locate<'a>(
+    vol: &'a Volume,
+    node_id: &str,
+    path: &str,
+) -> Option<(bool, &'a crate::capability::Capability)> {
     let node = vol.node(node_id)?;
     if let Some(p) = node.targets.get(path) {
         return Some((false, &p.capability));
@@ -21,7 +25,10 @@ fn locate<'a>(vol: &'a Volume, node_id: &str, path: &str) -> Option<(bool, &'a c
         .map(|s| (true, &s.capability))
 }
 
-pub async fn stats(d: &Driver, req: csi::NodeGetVolumeStatsRequest) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
+pub async fn stats(
+    d: &Driver,
+    req: csi::NodeGetVolumeStatsRequest,
+) -> CsiResult<csi::NodeGetVolumeStatsResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?;
     if req.volume_path.is_empty() {
         return Err(CsiError::Missing("volume_path"));
@@ -40,20 +47,32 @@ pub async fn stats(d: &Driver, req: csi::NodeGetVolumeStatsRequest) -> CsiResult
         path.to_path_buf()
     };
     let mut health = d.backend.health(&vol).await;
-    let mount = mountinfo::mounted_at(&probe).map_err(|e| CsiError::io("read mountinfo for", &probe, e))?;
+    let mount =
+        mountinfo::mounted_at(&probe).map_err(|e| CsiError::io("read mountinfo for", &probe, e))?;
     if !health.abnormal && mount.is_none() {
         health.abnormal = true;
         health.message = format!("{} is recorded but not mounted", probe.display());
     }
     let condition = Some(crate::controller::wire::condition(&health));
     if mount.is_none() {
-        return Ok(csi::NodeGetVolumeStatsResponse { usage: vec![], volume_condition: condition });
+        return Ok(csi::NodeGetVolumeStatsResponse {
+            usage: vec![],
+            volume_condition: condition,
+        });
     }
     let usage = if cap.is_block() {
-        let size = std::fs::metadata(d.backend_path(&vol)?).map(|m| m.len()).unwrap_or(vol.capacity_bytes);
-        vec![csi::VolumeUsage { available: 0, total: size as i64, used: 0, unit: Unit::Bytes as i32 }]
+        let size = std::fs::metadata(d.backend_path(&vol)?)
+            .map(|m| m.len())
+            .unwrap_or(vol.capacity_bytes);
+        vec![csi::VolumeUsage {
+            available: 0,
+            total: size as i64,
+            used: 0,
+            unit: Unit::Bytes as i32,
+        }]
     } else {
-        let st = nix::sys::statvfs::statvfs(&probe).map_err(|e| CsiError::io("statvfs", &probe, e.into()))?;
+        let st = nix::sys::statvfs::statvfs(&probe)
+            .map_err(|e| CsiError::io("statvfs", &probe, e.into()))?;
         let frag = st.fragment_size() as i64;
         vec![
             csi::VolumeUsage {
@@ -70,5 +89,8 @@ pub async fn stats(d: &Driver, req: csi::NodeGetVolumeStatsRequest) -> CsiResult
             },
         ]
     };
-    Ok(csi::NodeGetVolumeStatsResponse { usage, volume_condition: condition })
+    Ok(csi::NodeGetVolumeStatsResponse {
+        usage,
+        volume_condition: condition,
+    })
 }

@@ -40,16 +40,32 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl Controller for ControllerService {
-    async fn create_volume(&self, r: Request<csi::CreateVolumeRequest>) -> Reply<csi::CreateVolumeResponse> {
+    async fn create_volume(
+        &self,
+        r: Request<csi::CreateVolumeRequest>,
+    ) -> Reply<csi::CreateVolumeResponse> {
         let req = r.into_inner();
         let name = req.name.clone();
-        rpc("CreateVolume", &name, provision::create_volume(&self.driver, req)).await
+        rpc(
+            "CreateVolume",
+            &name,
+            provision::create_volume(&self.driver, req),
+        )
+        .await
     }
 
-    async fn delete_volume(&self, r: Request<csi::DeleteVolumeRequest>) -> Reply<csi::DeleteVolumeResponse> {
+    async fn delete_volume(
+        &self,
+        r: Request<csi::DeleteVolumeRequest>,
+    ) -> Reply<csi::DeleteVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("DeleteVolume", &id, provision::delete_volume(&self.driver, req)).await
+        rpc(
+            "DeleteVolume",
+            &id,
+            provision::delete_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_publish_volume(
@@ -58,7 +74,12 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerPublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("ControllerPublishVolume", &id, publish::publish(&self.driver, req)).await
+        rpc(
+            "ControllerPublishVolume",
+            &id,
+            publish::publish(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_unpublish_volume(
@@ -67,7 +88,12 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerUnpublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("ControllerUnpublishVolume", &id, publish::unpublish(&self.driver, req)).await
+        rpc(
+            "ControllerUnpublishVolume",
+            &id,
+            publish::unpublish(&self.driver, req),
+        )
+        .await
     }
 
     async fn validate_volume_capabilities(
@@ -76,15 +102,36 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ValidateVolumeCapabilitiesResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("ValidateVolumeCapabilities", &id, listing::validate_capabilities(&self.driver, req)).await
+        rpc(
+            "ValidateVolumeCapabilities",
+            &id,
+            listing::validate_capabilities(&self.driver, req),
+        )
+        .await
     }
 
-    async fn list_volumes(&self, r: Request<csi::ListVolumesRequest>) -> Reply<csi::ListVolumesResponse> {
-        rpc("ListVolumes", "", listing::list_volumes(&self.driver, r.into_inner())).await
+    async fn list_volumes(
+        &self,
+        r: Request<csi::ListVolumesRequest>,
+    ) -> Reply<csi::ListVolumesResponse> {
+        rpc(
+            "ListVolumes",
+            "",
+            listing::list_volumes(&self.driver, r.into_inner()),
+        )
+        .await
     }
 
-    async fn get_capacity(&self, r: Request<csi::GetCapacityRequest>) -> Reply<csi::GetCapacityResponse> {
-        rpc("GetCapacity", "", capacity::get_capacity(&self.driver, r.into_inner())).await
+    async fn get_capacity(
+        &self,
+        r: Request<csi::GetCapacityRequest>,
+    ) -> Reply<csi::GetCapacityResponse> {
+        rpc(
+            "GetCapacity",
+            "",
+            capacity::get_capacity(&self.driver, r.into_inner()),
+        )
+        .await
     }
 
     async fn controller_get_capabilities(
@@ -105,20 +152,44 @@ impl Controller for ControllerService {
         .await
     }
 
-    async fn create_snapshot(&self, r: Request<csi::CreateSnapshotRequest>) -> Reply<csi::CreateSnapshotResponse> {
+    async fn create_snapshot(
+        &self,
+        r: Request<csi::CreateSnapshotRequest>,
+    ) -> Reply<csi::CreateSnapshotResponse> {
         let req = r.into_inner();
         let name = req.name.clone();
-        rpc("CreateSnapshot", &name, snapshot::create_snapshot(&self.driver, req)).await
+        rpc(
+            "CreateSnapshot",
+            &name,
+            snapshot::create_snapshot(&self.driver, req),
+        )
+        .await
     }
 
-    async fn delete_snapshot(&self, r: Request<csi::DeleteSnapshotRequest>) -> Reply<csi::DeleteSnapshotResponse> {
+    async fn delete_snapshot(
+        &self,
+        r: Request<csi::DeleteSnapshotRequest>,
+    ) -> Reply<csi::DeleteSnapshotResponse> {
         let req = r.into_inner();
         let id = req.snapshot_id.clone();
-        rpc("DeleteSnapshot", &id, snapshot::delete_snapshot(&self.driver, req)).await
+        rpc(
+            "DeleteSnapshot",
+            &id,
+            snapshot::delete_snapshot(&self.driver, req),
+        )
+        .await
     }
 
-    async fn list_snapshots(&self, r: Request<csi::ListSnapshotsRequest>) -> Reply<csi::ListSnapshotsResponse> {
-        rpc("ListSnapshots", "", snapshot::list_snapshots(&self.driver, r.into_inner())).await
+    async fn list_snapshots(
+        &self,
+        r: Request<csi::ListSnapshotsRequest>,
+    ) -> Reply<csi::ListSnapshotsResponse> {
+        rpc(
+            "ListSnapshots",
+            "",
+            snapshot::list_snapshots(&self.driver, r.into_inner()),
+        )
+        .await
     }
 
     async fn controller_expand_volume(
@@ -127,7 +198,12 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerExpandVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("ControllerExpandVolume", &id, provision::expand_volume(&self.driver, req)).await
+        rpc(
+            "ControllerExpandVolume",
+            &id,
+            provision::expand_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_get_volume(
@@ -136,7 +212,12 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerGetVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("ControllerGetVolume", &id, listing::get_volume(&self.driver, req)).await
+        rpc(
+            "ControllerGetVolume",
+            &id,
+            listing::get_volume(&self.driver, req),
+        )
+        .await
     }
 
     async fn controller_modify_volume(
@@ -145,7 +226,11 @@ impl Controller for ControllerService {
     ) -> Reply<csi::ControllerModifyVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("ControllerModifyVolume", &id, modify::modify_volume(&self.driver, req)).await
+        rpc(
+            "ControllerModifyVolume",
+            &id,
+            modify::modify_volume(&self.driver, req),
+        )
+        .await
     }
 }
-

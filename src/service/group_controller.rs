@@ -3,7 +3,9 @@
 use tonic::{Request, Response, Status};
 
 use crate::controller::group_snapshot;
-use crate::csi::{self, group_controller_server::GroupController, group_controller_service_capability::rpc::Type};
+use crate::csi::{
+    self, group_controller_server::GroupController, group_controller_service_capability::rpc::Type,
+};
 use crate::driver::Driver;
 use crate::observe::rpc;
 
@@ -44,7 +46,12 @@ impl GroupController for GroupControllerService {
     ) -> Reply<csi::CreateVolumeGroupSnapshotResponse> {
         let req = r.into_inner();
         let name = req.name.clone();
-        rpc("CreateVolumeGroupSnapshot", &name, group_snapshot::create(&self.driver, req)).await
+        rpc(
+            "CreateVolumeGroupSnapshot",
+            &name,
+            group_snapshot::create(&self.driver, req),
+        )
+        .await
     }
 
     async fn delete_volume_group_snapshot(
@@ -53,7 +60,12 @@ impl GroupController for GroupControllerService {
     ) -> Reply<csi::DeleteVolumeGroupSnapshotResponse> {
         let req = r.into_inner();
         let id = req.group_snapshot_id.clone();
-        rpc("DeleteVolumeGroupSnapshot", &id, group_snapshot::delete(&self.driver, req)).await
+        rpc(
+            "DeleteVolumeGroupSnapshot",
+            &id,
+            group_snapshot::delete(&self.driver, req),
+        )
+        .await
     }
 
     async fn get_volume_group_snapshot(
@@ -62,6 +74,11 @@ impl GroupController for GroupControllerService {
     ) -> Reply<csi::GetVolumeGroupSnapshotResponse> {
         let req = r.into_inner();
         let id = req.group_snapshot_id.clone();
-        rpc("GetVolumeGroupSnapshot", &id, group_snapshot::get(&self.driver, req)).await
+        rpc(
+            "GetVolumeGroupSnapshot",
+            &id,
+            group_snapshot::get(&self.driver, req),
+        )
+        .await
     }
 }

@@ -19,18 +19,27 @@ impl IdentityService {
 
 fn service(t: plugin_capability::service::Type) -> csi::PluginCapability {
     csi::PluginCapability {
-        r#type: Some(plugin_capability::Type::Service(plugin_capability::Service { r#type: t as i32 })),
+        r#type: Some(plugin_capability::Type::Service(
+            plugin_capability::Service { r#type: t as i32 },
+        )),
     }
 }
 
 #[tonic::async_trait]
 impl Identity for IdentityService {
-    async fn get_plugin_info(&self, _: Request<csi::GetPluginInfoRequest>) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
+    async fn get_plugin_info(
+        &self,
+        _: Request<csi::GetPluginInfoRequest>,
+    ) -> Result<Response<csi::GetPluginInfoResponse>, Status> {
         rpc("GetPluginInfo", "", async {
             Ok(csi::GetPluginInfoResponse {
                 name: self.driver.config.driver_name.clone(),
                 vendor_version: env!("CARGO_PKG_VERSION").to_string(),
-                manifest: [("backend".to_string(), self.driver.backend.kind().to_string())].into(),
+                manifest: [(
+                    "backend".to_string(),
+                    self.driver.backend.kind().to_string(),
+                )]
+                .into(),
             })
         })
         .await
@@ -48,27 +57,33 @@ impl Identity for IdentityService {
                 capabilities.push(service(Type::GroupControllerService));
             }
             capabilities.push(csi::PluginCapability {
-                r#type: Some(plugin_capability::Type::VolumeExpansion(plugin_capability::VolumeExpansion {
-                    r#type: plugin_capability::volume_expansion::Type::Online as i32,
-                })),
+                r#type: Some(plugin_capability::Type::VolumeExpansion(
+                    plugin_capability::VolumeExpansion {
+                        r#type: plugin_capability::volume_expansion::Type::Online as i32,
+                    },
+                )),
             });
             Ok(csi::GetPluginCapabilitiesResponse { capabilities })
         })
         .await
     }
 
-    async fn probe(&self, _: Request<csi::ProbeRequest>) -> Result<Response<csi::ProbeResponse>, Status> {
+    async fn probe(
+        &self,
+        _: Request<csi::ProbeRequest>,
+    ) -> Result<Response<csi::ProbeResponse>, Status> {
         rpc("Probe", "", async {
             let store = self.driver.store.clone();
             self.driver
                 .db(move |_| store.healthy())
                 .await
                 .map_err(|e| CsiError::FailedPrecondition(format!("not ready: {e}")))?;
-            self.driver
-                .backend
-                .healthy()
-                .await
-                .map_err(|e| CsiError::FailedPrecondition(format!("not ready: backend {}: {e}", self.driver.backend.kind())))?;
+            self.driver.backend.healthy().await.map_err(|e| {
+                CsiError::FailedPrecondition(format!(
+                    "not ready: backend {}: {e}",
+                    self.driver.backend.kind()
+                ))
+            })?;
             Ok(csi::ProbeResponse { ready: Some(true) })
         })
         .await

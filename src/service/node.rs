@@ -30,22 +30,36 @@ type Reply<T> = Result<Response<T>, Status>;
 
 #[tonic::async_trait]
 impl Node for NodeService {
-    async fn node_stage_volume(&self, r: Request<csi::NodeStageVolumeRequest>) -> Reply<csi::NodeStageVolumeResponse> {
+    async fn node_stage_volume(
+        &self,
+        r: Request<csi::NodeStageVolumeRequest>,
+    ) -> Reply<csi::NodeStageVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc("NodeStageVolume", &id, stage::stage(&self.driver, req)).await
     }
 
-    async fn node_unstage_volume(&self, r: Request<csi::NodeUnstageVolumeRequest>) -> Reply<csi::NodeUnstageVolumeResponse> {
+    async fn node_unstage_volume(
+        &self,
+        r: Request<csi::NodeUnstageVolumeRequest>,
+    ) -> Reply<csi::NodeUnstageVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc("NodeUnstageVolume", &id, stage::unstage(&self.driver, req)).await
     }
 
-    async fn node_publish_volume(&self, r: Request<csi::NodePublishVolumeRequest>) -> Reply<csi::NodePublishVolumeResponse> {
+    async fn node_publish_volume(
+        &self,
+        r: Request<csi::NodePublishVolumeRequest>,
+    ) -> Reply<csi::NodePublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("NodePublishVolume", &id, publish::publish(&self.driver, req)).await
+        rpc(
+            "NodePublishVolume",
+            &id,
+            publish::publish(&self.driver, req),
+        )
+        .await
     }
 
     async fn node_unpublish_volume(
@@ -54,7 +68,12 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeUnpublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("NodeUnpublishVolume", &id, publish::unpublish(&self.driver, req)).await
+        rpc(
+            "NodeUnpublishVolume",
+            &id,
+            publish::unpublish(&self.driver, req),
+        )
+        .await
     }
 
     async fn node_get_volume_stats(
@@ -66,7 +85,10 @@ impl Node for NodeService {
         rpc("NodeGetVolumeStats", &id, stats::stats(&self.driver, req)).await
     }
 
-    async fn node_expand_volume(&self, r: Request<csi::NodeExpandVolumeRequest>) -> Reply<csi::NodeExpandVolumeResponse> {
+    async fn node_expand_volume(
+        &self,
+        r: Request<csi::NodeExpandVolumeRequest>,
+    ) -> Reply<csi::NodeExpandVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc("NodeExpandVolume", &id, expand::expand(&self.driver, req)).await
@@ -90,7 +112,10 @@ impl Node for NodeService {
         .await
     }
 
-    async fn node_get_info(&self, _: Request<csi::NodeGetInfoRequest>) -> Reply<csi::NodeGetInfoResponse> {
+    async fn node_get_info(
+        &self,
+        _: Request<csi::NodeGetInfoRequest>,
+    ) -> Reply<csi::NodeGetInfoResponse> {
         rpc("NodeGetInfo", "", async {
             let config = &self.driver.config;
             Ok(csi::NodeGetInfoResponse {

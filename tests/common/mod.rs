@@ -27,16 +27,35 @@ pub struct Driver {
 
 impl Driver {
     pub async fn start(extra: &[&str]) -> Driver {
-        let dir = tempfile::Builder::new().prefix("csi-relay-test-").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("csi-relay-test-")
+            .tempdir()
+            .expect("tempdir");
         let state_dir = dir.path().join("state");
-        Self::start_in(dir, state_dir, extra.iter().map(|s| s.to_string()).collect()).await
+        Self::start_in(
+            dir,
+            state_dir,
+            extra.iter().map(|s| s.to_string()).collect(),
+        )
+        .await
     }
 
-    async fn start_in(dir: tempfile::TempDir, state_dir: PathBuf, extra_args: Vec<String>) -> Driver {
+    async fn start_in(
+        dir: tempfile::TempDir,
+        state_dir: PathBuf,
+        extra_args: Vec<String>,
+    ) -> Driver {
         let socket = dir.path().join("csi.sock");
         let child = spawn(&socket, &state_dir, &extra_args);
         let channel = connect(&socket).await;
-        Driver { dir, state_dir, socket, extra_args, child: Some(child), channel }
+        Driver {
+            dir,
+            state_dir,
+            socket,
+            extra_args,
+            child: Some(child),
+            channel,
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -96,6 +115,11 @@ impl Driver {
         GroupControllerClient::new(self.channel.clone())
     }
 
+    /// Everything the driver logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("driver.log")).unwrap_or_default()
+    }
+
     /// A fresh path under the test's temp dir (not created).
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
@@ -110,6 +134,13 @@ impl Drop for Driver {
 
 fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
     let _ = std::fs::remove_file(socket);
+    // The driver's log goes to a file next to the socket, for tests that
+    // check what is (and is not) logged.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(socket.with_file_name("driver.log"))
+        .expect("open driver log");
     Command::new(env!("CARGO_BIN_EXE_csi-relay"))
         .arg("serve")
         .arg("--endpoint")
@@ -119,8 +150,12 @@ fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
         .arg("--state-dir")
         .arg(state_dir)
         .args(extra)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "csi_relay=debug,info".into()),
+        )
         .stdin(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("spawn csi-relay")
 }
@@ -134,14 +169,22 @@ pub async fn connect(socket: &Path) -> Channel {
                 .expect("endpoint")
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
                 }))
                 .await;
             if let Ok(channel) = attempt {
                 return channel;
             }
         }
-        assert!(Instant::now() < deadline, "csi-relay did not come up on {}", socket.display());
+        assert!(
+            Instant::now() < deadline,
+            "csi-relay did not come up on {}",
+            socket.display()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -176,25 +219,35 @@ pub mod req {
 
     pub fn mount_cap(mode: volume_capability::access_mode::Mode) -> csi::VolumeCapability {
         csi::VolumeCapability {
-            access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume::default())),
+            access_type: Some(volume_capability::AccessType::Mount(
+                volume_capability::MountVolume::default(),
+            )),
             access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
         }
     }
 
-    pub fn fs_cap(mode: volume_capability::access_mode::Mode, fs: &str, flags: &[&str]) -> csi::VolumeCapability {
+    pub fn fs_cap(
+        mode: volume_capability::access_mode::Mode,
+        fs: &str,
+        flags: &[&str],
+    ) -> csi::VolumeCapability {
         csi::VolumeCapability {
-            access_type: Some(volume_capability::AccessType::Mount(volume_capability::MountVolume {
-                fs_type: fs.into(),
-                mount_flags: flags.iter().map(|s| s.to_string()).collect(),
-                volume_mount_group: String::new(),
-            })),
+            access_type: Some(volume_capability::AccessType::Mount(
+                volume_capability::MountVolume {
+                    fs_type: fs.into(),
+                    mount_flags: flags.iter().map(|s| s.to_string()).collect(),
+                    volume_mount_group: String::new(),
+                },
+            )),
             access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
         }
     }
 
     pub fn block_cap(mode: volume_capability::access_mode::Mode) -> csi::VolumeCapability {
         csi::VolumeCapability {
-            access_type: Some(volume_capability::AccessType::Block(volume_capability::BlockVolume {})),
+            access_type: Some(volume_capability::AccessType::Block(
+                volume_capability::BlockVolume {},
+            )),
             access_mode: Some(volume_capability::AccessMode { mode: mode as i32 }),
         }
     }
@@ -206,13 +259,20 @@ pub mod req {
     pub fn create(name: &str, bytes: i64, cap: csi::VolumeCapability) -> csi::CreateVolumeRequest {
         csi::CreateVolumeRequest {
             name: name.into(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: bytes, limit_bytes: 0 }),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            }),
             volume_capabilities: vec![cap],
             ..Default::default()
         }
     }
 
     pub fn secrets() -> HashMap<String, String> {
-        [("password".to_string(), "hunter2-must-never-be-logged".to_string())].into()
+        [(
+            "password".to_string(),
+            "hunter2-must-never-be-logged".to_string(),
+        )]
+        .into()
     }
 }

@@ -1,0 +1,151 @@
+//! Node service safety: what a mount may be put over, what an access mode
+//! promises, and what "already mounted" must mean before a repeat is
+//! answered OK.
+
+mod common;
+mod node_support;
+
+use std::fs;
+
+use csi_relay::csi::volume_capability::access_mode::Mode;
+use tonic::Code;
+
+use common::req::{fs_cap, mount_cap, snw};
+use common::Driver;
+use node_support::*;
+
+// A reader-only access mode is read-only even when the CO leaves
+// NodePublishVolume's readonly flag unset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reader_only_modes_are_mounted_read_only() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    for (name, cap) in [
+        ("rox-dir", mount_cap(Mode::MultiNodeReaderOnly)),
+        ("srox-ext4", fs_cap(Mode::SingleNodeReaderOnly, "ext4", &[])),
+    ] {
+        let v = ready_volume(&d, name, 32 * MIB, cap).await;
+        let target = d.path(&format!("pods/{name}/vol"));
+        publish(&d, &v, &target, false).await;
+        let err = fs::write(target.join("x"), b"x")
+            .expect_err("a reader-only volume must not be writable");
+        assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{name}: {err}");
+        // Idempotent repeat of the same request.
+        publish(&d, &v, &target, false).await;
+        unpublish(&d, &v.id, &target).await;
+        destroy(&d, &v).await;
+    }
+    assert_clean(&d);
+}
+
+// Paths in the driver's own state dir are never mounted over: that would
+// hide or redirect another volume's data (or the state store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_in_the_state_dir_are_refused() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let victim = ready_volume(&d, "victim", 16 * MIB, snw()).await;
+    let victim_dir = d.state_dir.join("volumes").join(&victim.id);
+    fs::write(victim_dir.join("precious.txt"), b"victim data").unwrap();
+    let v = ready_volume(&d, "attacker", 16 * MIB, snw()).await;
+
+    for bad in [
+        victim_dir.clone(),
+        d.state_dir.clone(),
+        d.state_dir.join("volumes"),
+        d.state_dir.join("new/dir"),
+    ] {
+        expect_code(
+            try_publish(&d, publish_req(&v, &bad, false)).await,
+            Code::InvalidArgument,
+            &format!("publish at {}", bad.display()),
+        );
+        assert!(
+            !is_mounted(&bad),
+            "{} must not be mounted over",
+            bad.display()
+        );
+    }
+    assert!(!d.state_dir.join("new").exists());
+    assert_eq!(
+        fs::read(victim_dir.join("precious.txt")).unwrap(),
+        b"victim data"
+    );
+
+    let mut other = create_volume(&d, "stage-in-state", 16 * MIB, snw()).await;
+    controller_publish(&d, &mut other, false).await;
+    let mut bad = other.clone();
+    bad.staging = d.state_dir.join("staging");
+    expect_code(
+        try_stage(&d, stage_req(&bad)).await,
+        Code::InvalidArgument,
+        "stage in the state dir",
+    );
+    assert!(!d.state_dir.join("staging").exists());
+    // The refused request left no record: staging at a proper path works.
+    stage(&d, &other).await;
+
+    // Everything still unwinds.
+    destroy(&d, &other).await;
+    destroy(&d, &v).await;
+    destroy(&d, &victim).await;
+    assert_clean(&d);
+}
+
+// A target that is already a mount point of something else is not "already
+// published": answering OK would hand the workload the wrong data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_mount_at_the_target_is_not_success() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let a = ready_volume(&d, "a", 16 * MIB, snw()).await;
+    let b = ready_volume(&d, "b", 16 * MIB, snw()).await;
+    let target = d.path("pods/p1/vol");
+    publish(&d, &a, &target, false).await;
+    fs::write(target.join("a.txt"), b"volume a").unwrap();
+
+    // The CO (wrongly) publishes b at the same target.
+    expect_code(
+        try_publish(&d, publish_req(&b, &target, false)).await,
+        Code::FailedPrecondition,
+        "publish b where a is mounted",
+    );
+    assert_eq!(mounts_at(&target).len(), 1);
+    assert_eq!(fs::read(target.join("a.txt")).unwrap(), b"volume a");
+    // b is not recorded as published there: it can be unstaged.
+    unstage(&d, &b).await;
+    stage(&d, &b).await;
+
+    // A staging path already holding another volume's mount.
+    let mut c = create_volume(
+        &d,
+        "c",
+        16 * MIB,
+        fs_cap(Mode::SingleNodeWriter, "ext4", &[]),
+    )
+    .await;
+    controller_publish(&d, &mut c, false).await;
+    let mut c_at_b = c.clone();
+    c_at_b.staging = b.staging.clone();
+    expect_code(
+        try_stage(&d, stage_req(&c_at_b)).await,
+        Code::FailedPrecondition,
+        "stage c over b's staging",
+    );
+    assert_eq!(mounts_at(&b.staging).len(), 1);
+    assert!(
+        loops_of(&d).is_empty(),
+        "the refused stage left no loop device: {:?}",
+        loops_of(&d)
+    );
+    stage(&d, &c).await;
+
+    unpublish(&d, &a.id, &target).await;
+    destroy(&d, &a).await;
+    destroy(&d, &b).await;
+    destroy(&d, &c).await;
+    assert_clean(&d);
+}
