@@ -138,8 +138,9 @@ pub fn find(file: &Path) -> io::Result<Option<PathBuf>> {
         .map(|d| d.device))
 }
 
-/// Attaches `file` (or returns the device already attached to it).
-pub async fn attach(file: &Path) -> io::Result<PathBuf> {
+/// Attaches `file` (or returns the device already attached to it),
+/// read-only when `readonly`.
+pub async fn attach(file: &Path, readonly: bool) -> io::Result<PathBuf> {
     let name = fs::canonicalize(file)?;
     let current = backed_by(&name)?;
     if let Some(dev) = current.iter().find(|d| !d.detaching) {
@@ -150,9 +151,12 @@ pub async fn attach(file: &Path) -> io::Result<PathBuf> {
         wait_released(&name).await?;
     }
     let path = name.to_string_lossy().into_owned();
-    Ok(PathBuf::from(
-        losetup(&["--find", "--show", "--nooverlap", &path]).await?,
-    ))
+    let mut args = vec!["--find", "--show", "--nooverlap"];
+    if readonly {
+        args.push("--read-only");
+    }
+    args.push(&path);
+    Ok(PathBuf::from(losetup(&args).await?))
 }
 
 /// Detaches every loop device backed by `file` and waits until the kernel
