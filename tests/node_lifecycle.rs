@@ -680,6 +680,62 @@ async fn ext4_volume_expands_online() {
     assert_clean(&d);
 }
 
+// 6a. The same on xfs, whose online growth (xfs_growfs) needs CAP_SYS_ADMIN
+// only; the volume also survives a restage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xfs_volume_lifecycle_and_online_expansion() {
+    require_mounts!();
+    if !Path::new("/usr/sbin/mkfs.xfs").exists() && !Path::new("/sbin/mkfs.xfs").exists() {
+        eprintln!("skipped: mkfs.xfs is not installed (xfsprogs)");
+        return;
+    }
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    // mkfs.xfs refuses filesystems under 300 MiB; the file is sparse.
+    let v = ready_volume(&d, "xfs", 320 * MIB, fs_cap(Mode::SingleNodeWriter, "xfs", &[])).await;
+    assert_eq!(mounts_at(&v.staging)[0].fs_type, "xfs");
+    let target = d.path("pods/p1/vol");
+    publish(&d, &v, &target, false).await;
+    fs::write(target.join("x.txt"), b"on xfs").unwrap();
+    unpublish(&d, &v.id, &target).await;
+    unstage(&d, &v).await;
+    assert!(loops_of(&d).is_empty());
+    stage(&d, &v).await;
+    publish(&d, &v, &target, false).await;
+    assert_eq!(fs::read(target.join("x.txt")).unwrap(), b"on xfs");
+
+    let before = fs_size(&target);
+    let r = d
+        .controller()
+        .controller_expand_volume(csi::ControllerExpandVolumeRequest {
+            volume_id: v.id.clone(),
+            capacity_range: Some(csi::CapacityRange { required_bytes: 480 * MIB, limit_bytes: 0 }),
+            volume_capability: Some(v.cap.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerExpandVolume")
+        .into_inner();
+    assert!(r.node_expansion_required);
+    let req = csi::NodeExpandVolumeRequest {
+        volume_id: v.id.clone(),
+        volume_path: s(&target),
+        capacity_range: Some(csi::CapacityRange { required_bytes: 480 * MIB, limit_bytes: 0 }),
+        staging_target_path: s(&v.staging),
+        volume_capability: Some(v.cap.clone()),
+        ..Default::default()
+    };
+    d.node().node_expand_volume(req.clone()).await.expect("NodeExpandVolume on xfs");
+    let after = fs_size(&target);
+    assert!(after > before + 100 * MIB as u64, "before {before}, after {after}");
+    d.node().node_expand_volume(req).await.expect("NodeExpandVolume repeated");
+    assert_eq!(fs::read(target.join("x.txt")).unwrap(), b"on xfs");
+
+    unpublish(&d, &v.id, &target).await;
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}
+
 // 6b. Online expansion of a published raw block volume: the device grows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_block_volume_expands_online() {

@@ -169,6 +169,29 @@ async fn crash_while_published_then_unwind() {
     check_and_unwind(&d, vols).await;
 }
 
+// A node reboot while the driver was down: every mount and every loop
+// device is gone. Start-up brings all of them back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_lost_while_down_is_restored() {
+    require_mounts!();
+    let mut d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let vols = publish_all_kinds(&d).await;
+    d.crash();
+    for (v, target) in &vols {
+        run("umount", &[&s(target)]);
+        let device = v.staging.join("device");
+        run("umount", &[&s(if device.exists() { &device } else { &v.staging })]);
+    }
+    for (dev, _) in loops_of(&d) {
+        run("losetup", &["--detach", &dev]);
+    }
+    assert!(loops_of(&d).is_empty());
+    assert!(vols.iter().all(|(v, t)| !is_mounted(t) && !is_mounted(&v.staging)));
+    d.start_again().await;
+    check_and_unwind(&d, vols).await;
+}
+
 // Unwinding across restarts: every step in a different process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unwind_across_restarts() {
@@ -227,6 +250,15 @@ async fn stale_loop_device_is_detached_at_start() {
         "stale loop devices are detached: {:?}",
         loops_of(&d)
     );
+    // A loop device on a file that is gone (sysfs says "<file> (deleted)").
+    let orphan = d.state_dir.join("volumes").join("orphan.img");
+    fs::write(&orphan, vec![0u8; 1 << 20]).unwrap();
+    run("losetup", &["--find", "--show", &s(&orphan)]);
+    fs::remove_file(&orphan).unwrap();
+    assert_eq!(loops_of(&d).len(), 1, "{:?}", loops_of(&d));
+    d.crash();
+    d.start_again().await;
+    assert!(loops_of(&d).is_empty(), "a loop device on a deleted volume file is detached: {:?}", loops_of(&d));
     // And the volume stages normally afterwards.
     stage(&d, &v).await;
     assert_eq!(loops_of(&d).len(), 1);

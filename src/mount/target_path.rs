@@ -13,8 +13,9 @@ const FORBIDDEN_EXACT: &[&str] = &[
     "/", "/var", "/var/lib", "/tmp", "/root", "/home", "/run", "/mnt", "/opt", "/srv",
 ];
 
-/// Resolves `path` as far as it exists (symlinks included) and checks it.
-pub fn check(path: &Path) -> io::Result<PathBuf> {
+/// Resolves `path` as far as it exists (symlinks included); the rest is
+/// appended as given.
+pub fn resolve(path: &Path) -> io::Result<PathBuf> {
     let mut existing = path.to_path_buf();
     let mut rest = Vec::new();
     while !existing.exists() {
@@ -30,15 +31,37 @@ pub fn check(path: &Path) -> io::Result<PathBuf> {
     for name in rest.into_iter().rev() {
         resolved.push(name);
     }
+    Ok(resolved)
+}
+
+/// Resolves `path` as far as it exists (symlinks included) and checks it.
+pub fn check(path: &Path) -> io::Result<PathBuf> {
+    let resolved = resolve(path)?;
     let forbidden = FORBIDDEN_TREES.iter().any(|t| resolved.starts_with(t))
         || FORBIDDEN_EXACT.iter().any(|t| resolved == Path::new(t));
     if forbidden {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
+            format!("{} resolves to {}, a system path this driver never mounts on", path.display(), resolved.display()),
+        ));
+    }
+    Ok(resolved)
+}
+
+/// Like `check`, and also refuses a path inside `protected` (the driver's
+/// state dir: volumes' data and the state store) or above it, where a mount
+/// would hide or redirect it.
+pub fn check_outside(path: &Path, protected: &Path) -> io::Result<PathBuf> {
+    let resolved = check(path)?;
+    let protected = resolve(protected)?;
+    if resolved.starts_with(&protected) || protected.starts_with(&resolved) {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
             format!(
-                "{} resolves to {}, a system path this driver never mounts on",
+                "{} resolves to {}, which overlaps the driver's state directory {}",
                 path.display(),
-                resolved.display()
+                resolved.display(),
+                protected.display()
             ),
         ));
     }

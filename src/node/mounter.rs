@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::backend::NodeSource;
@@ -20,6 +21,42 @@ fn guard(path: &Path, field: &'static str) -> CsiResult<PathBuf> {
         io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
         _ => CsiError::io("resolve", path, e),
     })
+}
+
+/// Checks a staging or target path from a request before anything is
+/// recorded or created for it: no system path, nothing in or above the
+/// driver's state dir (volume data, the state store).
+pub fn check_path(path: &str, state_dir: &Path, field: &'static str) -> CsiResult<()> {
+    target_path::check_outside(Path::new(path), state_dir)
+        .map(|_| ())
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
+            _ => CsiError::io("resolve", path, e),
+        })
+}
+
+fn stat(path: &Path) -> CsiResult<fs::Metadata> {
+    fs::metadata(path).map_err(|e| CsiError::io("stat", path, e))
+}
+
+/// Whether the mount at `mount_point` shows `source`: the same directory
+/// or file (a bind mount), or the same device node.
+fn shows(mount_point: &Path, source: &Path) -> CsiResult<bool> {
+    let (a, b) = (stat(mount_point)?, stat(source)?);
+    if a.file_type().is_block_device() && b.file_type().is_block_device() {
+        return Ok(a.rdev() == b.rdev());
+    }
+    Ok(a.dev() == b.dev() && a.ino() == b.ino())
+}
+
+/// A path already mounted with something else: answering OK would hand the
+/// workload the wrong data, mounting on top would hide someone's mount.
+fn foreign(path: &Path, what: &Path) -> CsiError {
+    CsiError::FailedPrecondition(format!(
+        "{} is already a mount point of something other than {}; it must be unmounted first",
+        path.display(),
+        what.display()
+    ))
 }
 
 fn mounted(path: &Path) -> CsiResult<bool> {
@@ -67,11 +104,13 @@ pub fn staged_source(staging: &Path, cap: &Capability) -> PathBuf {
 }
 
 /// Stages `source` at `staging` for `cap`; returns the loop device used.
+/// `readonly` makes the staged volume read-only for every publication.
 pub async fn stage(
     source: &NodeSource,
     staging: &Path,
     cap: &Capability,
     default_fs: &str,
+    readonly: bool,
 ) -> CsiResult<Option<String>> {
     let staging = guard(staging, "staging_target_path")?;
     ensure_dir(&staging)?;
@@ -83,23 +122,28 @@ pub async fn stage(
                     "this volume is a directory and cannot be staged for raw block access",
                 ));
             }
-            if !mounted(&staging)? {
-                syscalls::bind(
-                    dir,
-                    &staging,
-                    &MountOptions::parse(cap.mount_flags(), false),
-                )?;
+            if mounted(&staging)? {
+                if !shows(&staging, dir)? {
+                    return Err(foreign(&staging, dir));
+                }
+            } else {
+                syscalls::bind(dir, &staging, &MountOptions::parse(cap.mount_flags(), readonly))?;
             }
             Ok(None)
         }
         NodeSource::BlockFile(file) => {
-            let dev = loopdev::attach(file)
+            let attached_before = loopdev::find(file).map_err(|e| CsiError::io("find loop device of", file, e))?;
+            // A raw device cannot be made read-only by its mount: the loop
+            // device itself is (a filesystem needs a writable device for mkfs
+            // and journal replay; its mount is read-only instead).
+            let dev = loopdev::attach(file, readonly && cap.is_block())
                 .await
                 .map_err(|e| CsiError::io("attach loop device for", file, e))?;
-            let staged = stage_block_file(&dev, &staging, cap, default_fs).await;
-            if staged.is_err() {
-                // Leave nothing attached behind a failed stage.
-                let _ = syscalls::unmount_all(&staged_source(&staging, cap));
+            let staged = stage_block_file(&dev, &staging, cap, default_fs, readonly).await;
+            if staged.is_err() && attached_before.is_none() {
+                // Leave no loop device behind a failed stage. Every step
+                // before mounting only reads, and the mount is the last step:
+                // nothing was mounted by this call.
                 let _ = loopdev::detach_file(file).await;
             }
             staged.map(|_| Some(dev.to_string_lossy().into_owned()))
@@ -107,24 +151,23 @@ pub async fn stage(
     }
 }
 
-async fn stage_block_file(
-    dev: &Path,
-    staging: &Path,
-    cap: &Capability,
-    default_fs: &str,
-) -> CsiResult<()> {
+async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_fs: &str, readonly: bool) -> CsiResult<()> {
     if cap.is_block() {
         let node = staging.join(BLOCK_DEVICE_FILE);
-        ensure_file(&node)?;
-        if !mounted(&node)? {
-            syscalls::bind(dev, &node, &MountOptions::default())?;
+        if mounted(&node)? {
+            return if shows(&node, dev)? { Ok(()) } else { Err(foreign(&node, dev)) };
         }
+        ensure_file(&node)?;
+        syscalls::bind(dev, &node, &MountOptions::parse(&[], readonly))?;
         return Ok(());
     }
+    if mounted(staging)? {
+        // Ours when it is a filesystem on this very device.
+        let same = stat(staging)?.dev() == stat(dev)?.rdev();
+        return if same { Ok(()) } else { Err(foreign(staging, dev)) };
+    }
     let wanted = cap.fs_type().unwrap_or(default_fs).to_string();
-    let existing = filesystem::probe(dev)
-        .await
-        .map_err(|e| CsiError::io("probe filesystem on", dev, e))?;
+    let existing = filesystem::probe(dev).await.map_err(|e| CsiError::io("probe filesystem on", dev, e))?;
     let fs_type = match existing {
         Some(found) if cap.fs_type().is_some_and(|w| w != found) => {
             return Err(CsiError::FailedPrecondition(format!(
@@ -138,20 +181,11 @@ async fn stage_block_file(
                     "mkfs.{wanted} is not installed on this node"
                 )));
             }
-            filesystem::make(dev, &wanted)
-                .await
-                .map_err(|e| CsiError::io("make filesystem on", dev, e))?;
+            filesystem::make(dev, &wanted).await.map_err(|e| CsiError::io("make filesystem on", dev, e))?;
             wanted
         }
     };
-    if !mounted(staging)? {
-        syscalls::mount_fs(
-            dev,
-            staging,
-            &fs_type,
-            &MountOptions::parse(cap.mount_flags(), false),
-        )?;
-    }
+    syscalls::mount_fs(dev, staging, &fs_type, &MountOptions::parse(cap.mount_flags(), readonly))?;
     Ok(())
 }
 
@@ -175,23 +209,22 @@ pub async fn unstage(source: &NodeSource, staging: &Path, cap: &Capability) -> C
 
 /// Bind-mounts `from` (a staging path, its device file, or an ephemeral
 /// volume's directory) at `target`, creating the target as the CSI spec asks
-/// of the plugin: a directory for mount access, a file for raw block.
+/// of the plugin: a directory for mount access, a file for raw block. A
+/// reader-only access mode is mounted read-only whatever `readonly` says.
 pub fn publish(from: &Path, target: &Path, cap: &Capability, readonly: bool) -> CsiResult<()> {
     let target = guard(target, "target_path")?;
+    let readonly = readonly || cap.mode.read_only();
+    if mounted(&target)? {
+        return if shows(&target, from)? { Ok(()) } else { Err(foreign(&target, from)) };
+    }
     if cap.is_block() {
         ensure_file(&target)?;
     } else {
         ensure_dir(&target)?;
     }
-    if !mounted(&target)? {
-        if let Err(e) = syscalls::bind(
-            from,
-            &target,
-            &MountOptions::parse(cap.mount_flags(), readonly),
-        ) {
-            let _ = remove_path(&target);
-            return Err(e.into());
-        }
+    if let Err(e) = syscalls::bind(from, &target, &MountOptions::parse(cap.mount_flags(), readonly)) {
+        let _ = remove_path(&target);
+        return Err(e.into());
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use crate::csi;
 use crate::driver::Driver;
 use crate::error::CsiResult;
 use crate::limiter::volume_key;
-use crate::node::{ephemeral, mounter};
+use crate::node::{ephemeral, mounter, stage};
 use crate::state::{self, StagingRule, Step};
 use crate::validate;
 use crate::volume::Progress;
@@ -28,6 +28,8 @@ pub async fn publish(
     } else {
         validate::path(&req.staging_target_path, "staging_target_path")?.to_string()
     };
+    // Before anything is recorded or created (an inline volume included).
+    mounter::check_path(&target, &d.config.state_dir, "target_path")?;
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
@@ -67,7 +69,10 @@ pub async fn publish(
     } else {
         mounter::staged_source(Path::new(&staging), &cap)
     };
-    match mounter::publish(&from, Path::new(&target), &cap, req.readonly) {
+    // A read-only stage stays read-only in every publication: a bind
+    // remount without MS_RDONLY would make the new mount writable again.
+    let readonly = req.readonly || stage::staged_readonly(&next, &node_id, &cap);
+    match mounter::publish(&from, Path::new(&target), &cap, readonly) {
         Ok(()) => {
             d.put_volume(&state::publish_done(&next, &node_id, &target))
                 .await?;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::driver::Driver;
 use crate::error::CsiResult;
 use crate::mount::loopdev;
-use crate::node::{ephemeral, mounter, stage::default_fs};
+use crate::node::{ephemeral, mounter, stage::{default_fs, staged_readonly}};
 use crate::state;
 use crate::volume::{Progress, Volume};
 
@@ -79,6 +79,7 @@ async fn reconcile_volume(
                 Path::new(&stage.path),
                 &stage.capability,
                 default_fs(&vol),
+                staged_readonly(&vol, node_id, &stage.capability),
             )
             .await
             {
@@ -120,7 +121,9 @@ async fn reconcile_volume(
                     )),
                 };
                 match from.and_then(|f| {
-                    mounter::publish(&f, path, &publication.capability, publication.readonly)
+                    let readonly = publication.readonly
+                        || staged_readonly(&vol, node_id, &publication.capability);
+                    mounter::publish(&f, path, &publication.capability, readonly)
                 }) {
                     Ok(()) => report.restored += 1,
                     Err(e) => {

@@ -19,6 +19,17 @@ pub fn default_fs(vol: &Volume) -> &str {
     }
 }
 
+/// Whether the volume is staged read-only on `node_id`: a reader-only access
+/// mode, or an attachment ControllerPublishVolume made read-only ("the SP
+/// MUST publish the volume in readonly mode").
+pub fn staged_readonly(vol: &Volume, node_id: &str, cap: &Capability) -> bool {
+    cap.mode.read_only()
+        || vol
+            .node(node_id)
+            .and_then(|n| n.attachment.as_ref())
+            .is_some_and(|a| a.readonly)
+}
+
 pub async fn stage(
     d: &Driver,
     req: csi::NodeStageVolumeRequest,
@@ -29,6 +40,7 @@ pub async fn stage(
     validate::map(&req.publish_context, "publish_context")?;
     validate::map(&req.volume_context, "volume_context")?;
     validate::secrets(&req.secrets)?;
+    mounter::check_path(&path, &d.config.state_dir, "staging_target_path")?;
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
@@ -51,7 +63,8 @@ pub async fn stage(
         }
     };
     let source = d.backend.node_source(&next)?;
-    match mounter::stage(&source, Path::new(&path), &cap, default_fs(&next)).await {
+    let readonly = staged_readonly(&next, &node_id, &cap);
+    match mounter::stage(&source, Path::new(&path), &cap, default_fs(&next), readonly).await {
         Ok(device) => {
             d.put_volume(&state::stage_done(&next, &node_id, device))
                 .await?;
