@@ -692,7 +692,13 @@ async fn xfs_volume_lifecycle_and_online_expansion() {
     let d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
     // mkfs.xfs refuses filesystems under 300 MiB; the file is sparse.
-    let v = ready_volume(&d, "xfs", 320 * MIB, fs_cap(Mode::SingleNodeWriter, "xfs", &[])).await;
+    let v = ready_volume(
+        &d,
+        "xfs",
+        320 * MIB,
+        fs_cap(Mode::SingleNodeWriter, "xfs", &[]),
+    )
+    .await;
     assert_eq!(mounts_at(&v.staging)[0].fs_type, "xfs");
     let target = d.path("pods/p1/vol");
     publish(&d, &v, &target, false).await;
@@ -709,7 +715,10 @@ async fn xfs_volume_lifecycle_and_online_expansion() {
         .controller()
         .controller_expand_volume(csi::ControllerExpandVolumeRequest {
             volume_id: v.id.clone(),
-            capacity_range: Some(csi::CapacityRange { required_bytes: 480 * MIB, limit_bytes: 0 }),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 480 * MIB,
+                limit_bytes: 0,
+            }),
             volume_capability: Some(v.cap.clone()),
             ..Default::default()
         })
@@ -720,15 +729,27 @@ async fn xfs_volume_lifecycle_and_online_expansion() {
     let req = csi::NodeExpandVolumeRequest {
         volume_id: v.id.clone(),
         volume_path: s(&target),
-        capacity_range: Some(csi::CapacityRange { required_bytes: 480 * MIB, limit_bytes: 0 }),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 480 * MIB,
+            limit_bytes: 0,
+        }),
         staging_target_path: s(&v.staging),
         volume_capability: Some(v.cap.clone()),
         ..Default::default()
     };
-    d.node().node_expand_volume(req.clone()).await.expect("NodeExpandVolume on xfs");
+    d.node()
+        .node_expand_volume(req.clone())
+        .await
+        .expect("NodeExpandVolume on xfs");
     let after = fs_size(&target);
-    assert!(after > before + 100 * MIB as u64, "before {before}, after {after}");
-    d.node().node_expand_volume(req).await.expect("NodeExpandVolume repeated");
+    assert!(
+        after > before + 100 * MIB as u64,
+        "before {before}, after {after}"
+    );
+    d.node()
+        .node_expand_volume(req)
+        .await
+        .expect("NodeExpandVolume repeated");
     assert_eq!(fs::read(target.join("x.txt")).unwrap(), b"on xfs");
 
     unpublish(&d, &v.id, &target).await;

@@ -181,13 +181,18 @@ async fn everything_lost_while_down_is_restored() {
     for (v, target) in &vols {
         run("umount", &[&s(target)]);
         let device = v.staging.join("device");
-        run("umount", &[&s(if device.exists() { &device } else { &v.staging })]);
+        run(
+            "umount",
+            &[&s(if device.exists() { &device } else { &v.staging })],
+        );
     }
     for (dev, _) in loops_of(&d) {
         run("losetup", &["--detach", &dev]);
     }
     assert!(loops_of(&d).is_empty());
-    assert!(vols.iter().all(|(v, t)| !is_mounted(t) && !is_mounted(&v.staging)));
+    assert!(vols
+        .iter()
+        .all(|(v, t)| !is_mounted(t) && !is_mounted(&v.staging)));
     d.start_again().await;
     check_and_unwind(&d, vols).await;
 }
@@ -258,7 +263,11 @@ async fn stale_loop_device_is_detached_at_start() {
     assert_eq!(loops_of(&d).len(), 1, "{:?}", loops_of(&d));
     d.crash();
     d.start_again().await;
-    assert!(loops_of(&d).is_empty(), "a loop device on a deleted volume file is detached: {:?}", loops_of(&d));
+    assert!(
+        loops_of(&d).is_empty(),
+        "a loop device on a deleted volume file is detached: {:?}",
+        loops_of(&d)
+    );
     // And the volume stages normally afterwards.
     stage(&d, &v).await;
     assert_eq!(loops_of(&d).len(), 1);

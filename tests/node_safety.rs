@@ -48,8 +48,14 @@ async fn a_read_only_attachment_is_read_only_on_the_node() {
     let d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
     for (name, cap) in [
-        ("ro-attach-dir", fs_cap(Mode::SingleNodeWriter, "", &["nosuid"])),
-        ("ro-attach-ext4", fs_cap(Mode::SingleNodeWriter, "ext4", &["noatime"])),
+        (
+            "ro-attach-dir",
+            fs_cap(Mode::SingleNodeWriter, "", &["nosuid"]),
+        ),
+        (
+            "ro-attach-ext4",
+            fs_cap(Mode::SingleNodeWriter, "ext4", &["noatime"]),
+        ),
     ] {
         let mut v = create_volume(&d, name, 32 * MIB, cap).await;
         controller_publish(&d, &mut v, true).await;
@@ -60,7 +66,8 @@ async fn a_read_only_attachment_is_read_only_on_the_node() {
         assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{name}: {err}");
         let rw_asked = d.path(&format!("pods/{name}-2/vol"));
         publish(&d, &v, &rw_asked, false).await;
-        let err = fs::write(rw_asked.join("x"), b"x").expect_err("read-only attachment, rw publish");
+        let err =
+            fs::write(rw_asked.join("x"), b"x").expect_err("read-only attachment, rw publish");
         assert_eq!(err.raw_os_error(), Some(nix::libc::EROFS), "{name}: {err}");
         unpublish(&d, &v.id, &target).await;
         unpublish(&d, &v.id, &rw_asked).await;
@@ -76,7 +83,13 @@ async fn reader_only_raw_block_device_refuses_writes() {
     require_mounts!();
     let d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
-    let v = ready_volume(&d, "rox-raw", 16 * MIB, block_cap(Mode::MultiNodeReaderOnly)).await;
+    let v = ready_volume(
+        &d,
+        "rox-raw",
+        16 * MIB,
+        block_cap(Mode::MultiNodeReaderOnly),
+    )
+    .await;
     let target = d.path("plugins/volumeDevices/publish/rox-raw/pod-1");
     publish(&d, &v, &target, false).await;
     let mut dev = fs::File::open(&target).expect("readable");
@@ -86,10 +99,21 @@ async fn reader_only_raw_block_device_refuses_writes() {
     let write = fs::OpenOptions::new()
         .write(true)
         .open(&target)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, &[1u8; 512]).and_then(|_| f.sync_all()));
-    assert!(write.is_err(), "writing to a reader-only raw block volume must fail");
-    let out = std::process::Command::new("mkfs.ext4").args(["-q", "-F", &s(&target)]).output().unwrap();
-    assert!(!out.status.success(), "mkfs on a reader-only device must fail");
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, &[1u8; 512]).and_then(|_| f.sync_all())
+        });
+    assert!(
+        write.is_err(),
+        "writing to a reader-only raw block volume must fail"
+    );
+    let out = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F", &s(&target)])
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "mkfs on a reader-only device must fail"
+    );
     unpublish(&d, &v.id, &target).await;
     destroy(&d, &v).await;
     assert_clean(&d);

@@ -59,7 +59,11 @@ async fn connect(socket: &Path) -> Result<Channel, Box<dyn std::error::Error>> {
             let ch = Endpoint::try_from("http://[::]:50051")?
                 .connect_with_connector(tower::service_fn(move |_: Uri| {
                     let path = path.clone();
-                    async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
                 }))
                 .await;
             if let Ok(ch) = ch {
@@ -104,8 +108,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .spawn()
-        .map_err(|e| format!("starting {}: {e} (build it first: cargo build --release)", exe.display()))?;
-    let _server = Server { child, dir: dir.clone() };
+        .map_err(|e| {
+            format!(
+                "starting {}: {e} (build it first: cargo build --release)",
+                exe.display()
+            )
+        })?;
+    let _server = Server {
+        child,
+        dir: dir.clone(),
+    };
     let channel = connect(&socket).await?;
     let mut c = ControllerClient::new(channel.clone());
 
@@ -117,21 +129,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         while existing < target {
             c.create_volume(csi::CreateVolumeRequest {
                 name: format!("fill-{existing}"),
-                capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: 1 << 20,
+                    limit_bytes: 0,
+                }),
                 volume_capabilities: vec![cap()],
                 ..Default::default()
             })
             .await?;
             existing += 1;
         }
-        println!("with {existing} existing volumes (filled in {:.1} s):", started.elapsed().as_secs_f64());
-        let (mut create, mut publish, mut unpublish, mut delete, mut whole) = (vec![], vec![], vec![], vec![], vec![]);
+        println!(
+            "with {existing} existing volumes (filled in {:.1} s):",
+            started.elapsed().as_secs_f64()
+        );
+        let (mut create, mut publish, mut unpublish, mut delete, mut whole) =
+            (vec![], vec![], vec![], vec![], vec![]);
         for i in 0..args.lifecycles {
             let t0 = Instant::now();
             let vol = c
                 .create_volume(csi::CreateVolumeRequest {
                     name: format!("bench-{target}-{i}"),
-                    capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 1 << 20,
+                        limit_bytes: 0,
+                    }),
                     volume_capabilities: vec![cap()],
                     ..Default::default()
                 })
@@ -155,7 +177,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await?;
             let t3 = Instant::now();
-            c.delete_volume(csi::DeleteVolumeRequest { volume_id: vol.volume_id, ..Default::default() }).await?;
+            c.delete_volume(csi::DeleteVolumeRequest {
+                volume_id: vol.volume_id,
+                ..Default::default()
+            })
+            .await?;
             let t4 = Instant::now();
             create.push(t1 - t0);
             publish.push(t2 - t1);
@@ -180,7 +206,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             for i in 0..per_client {
                 c.create_volume(csi::CreateVolumeRequest {
                     name: format!("par-{w}-{i}"),
-                    capacity_range: Some(csi::CapacityRange { required_bytes: 1 << 20, limit_bytes: 0 }),
+                    capacity_range: Some(csi::CapacityRange {
+                        required_bytes: 1 << 20,
+                        limit_bytes: 0,
+                    }),
                     volume_capabilities: vec![cap()],
                     ..Default::default()
                 })

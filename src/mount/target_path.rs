@@ -42,7 +42,11 @@ pub fn check(path: &Path) -> io::Result<PathBuf> {
     if forbidden {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("{} resolves to {}, a system path this driver never mounts on", path.display(), resolved.display()),
+            format!(
+                "{} resolves to {}, a system path this driver never mounts on",
+                path.display(),
+                resolved.display()
+            ),
         ));
     }
     Ok(resolved)

@@ -127,12 +127,17 @@ pub async fn stage(
                     return Err(foreign(&staging, dir));
                 }
             } else {
-                syscalls::bind(dir, &staging, &MountOptions::parse(cap.mount_flags(), readonly))?;
+                syscalls::bind(
+                    dir,
+                    &staging,
+                    &MountOptions::parse(cap.mount_flags(), readonly),
+                )?;
             }
             Ok(None)
         }
         NodeSource::BlockFile(file) => {
-            let attached_before = loopdev::find(file).map_err(|e| CsiError::io("find loop device of", file, e))?;
+            let attached_before =
+                loopdev::find(file).map_err(|e| CsiError::io("find loop device of", file, e))?;
             // A raw device cannot be made read-only by its mount: the loop
             // device itself is (a filesystem needs a writable device for mkfs
             // and journal replay; its mount is read-only instead).
@@ -151,11 +156,21 @@ pub async fn stage(
     }
 }
 
-async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_fs: &str, readonly: bool) -> CsiResult<()> {
+async fn stage_block_file(
+    dev: &Path,
+    staging: &Path,
+    cap: &Capability,
+    default_fs: &str,
+    readonly: bool,
+) -> CsiResult<()> {
     if cap.is_block() {
         let node = staging.join(BLOCK_DEVICE_FILE);
         if mounted(&node)? {
-            return if shows(&node, dev)? { Ok(()) } else { Err(foreign(&node, dev)) };
+            return if shows(&node, dev)? {
+                Ok(())
+            } else {
+                Err(foreign(&node, dev))
+            };
         }
         ensure_file(&node)?;
         syscalls::bind(dev, &node, &MountOptions::parse(&[], readonly))?;
@@ -164,10 +179,16 @@ async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_
     if mounted(staging)? {
         // Ours when it is a filesystem on this very device.
         let same = stat(staging)?.dev() == stat(dev)?.rdev();
-        return if same { Ok(()) } else { Err(foreign(staging, dev)) };
+        return if same {
+            Ok(())
+        } else {
+            Err(foreign(staging, dev))
+        };
     }
     let wanted = cap.fs_type().unwrap_or(default_fs).to_string();
-    let existing = filesystem::probe(dev).await.map_err(|e| CsiError::io("probe filesystem on", dev, e))?;
+    let existing = filesystem::probe(dev)
+        .await
+        .map_err(|e| CsiError::io("probe filesystem on", dev, e))?;
     let fs_type = match existing {
         Some(found) if cap.fs_type().is_some_and(|w| w != found) => {
             return Err(CsiError::FailedPrecondition(format!(
@@ -181,11 +202,18 @@ async fn stage_block_file(dev: &Path, staging: &Path, cap: &Capability, default_
                     "mkfs.{wanted} is not installed on this node"
                 )));
             }
-            filesystem::make(dev, &wanted).await.map_err(|e| CsiError::io("make filesystem on", dev, e))?;
+            filesystem::make(dev, &wanted)
+                .await
+                .map_err(|e| CsiError::io("make filesystem on", dev, e))?;
             wanted
         }
     };
-    syscalls::mount_fs(dev, staging, &fs_type, &MountOptions::parse(cap.mount_flags(), readonly))?;
+    syscalls::mount_fs(
+        dev,
+        staging,
+        &fs_type,
+        &MountOptions::parse(cap.mount_flags(), readonly),
+    )?;
     Ok(())
 }
 
@@ -215,14 +243,22 @@ pub fn publish(from: &Path, target: &Path, cap: &Capability, readonly: bool) -> 
     let target = guard(target, "target_path")?;
     let readonly = readonly || cap.mode.read_only();
     if mounted(&target)? {
-        return if shows(&target, from)? { Ok(()) } else { Err(foreign(&target, from)) };
+        return if shows(&target, from)? {
+            Ok(())
+        } else {
+            Err(foreign(&target, from))
+        };
     }
     if cap.is_block() {
         ensure_file(&target)?;
     } else {
         ensure_dir(&target)?;
     }
-    if let Err(e) = syscalls::bind(from, &target, &MountOptions::parse(cap.mount_flags(), readonly)) {
+    if let Err(e) = syscalls::bind(
+        from,
+        &target,
+        &MountOptions::parse(cap.mount_flags(), readonly),
+    ) {
         let _ = remove_path(&target);
         return Err(e.into());
     }

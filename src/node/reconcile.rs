@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 use crate::driver::Driver;
 use crate::error::CsiResult;
 use crate::mount::loopdev;
-use crate::node::{ephemeral, mounter, stage::{default_fs, staged_readonly}};
+use crate::node::{
+    ephemeral, mounter,
+    stage::{default_fs, staged_readonly},
+};
 use crate::state;
 use crate::volume::{Progress, Volume};
 
