@@ -189,7 +189,12 @@ async fn everything_lost_while_down_is_restored() {
     for (dev, _) in loops_of(&d) {
         run("losetup", &["--detach", &dev]);
     }
-    assert!(loops_of(&d).is_empty());
+    // A detach only completes once every opener (a concurrent losetup scan,
+    // say) has closed the device.
+    wait_for("the loop devices to be released", || {
+        loops_of(&d).is_empty()
+    })
+    .await;
     assert!(vols
         .iter()
         .all(|(v, t)| !is_mounted(t) && !is_mounted(&v.staging)));

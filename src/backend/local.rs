@@ -47,14 +47,12 @@ fn data_path(dir: &Path, id: &str, backing: &Backing) -> CsiResult<PathBuf> {
     })
 }
 
-fn blocking<T: Send + 'static>(
+async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> CsiResult<T> + Send + 'static,
-) -> impl std::future::Future<Output = CsiResult<T>> {
-    async move {
-        tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|e| CsiError::Internal(format!("backend worker failed: {e}")))?
-    }
+) -> CsiResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CsiError::Internal(format!("backend worker failed: {e}")))?
 }
 
 fn fsync_dir(dir: &Path) -> CsiResult<()> {

@@ -346,6 +346,18 @@ pub fn run(program: &str, args: &[&str]) -> std::process::Output {
     out
 }
 
+/// Polls `done` for up to 10 seconds.
+pub async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether this process holds `cap` (a capability number) in its effective
 /// set; the driver it spawns inherits the same set.
 pub fn has_capability(cap: u32) -> bool {
