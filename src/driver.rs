@@ -10,12 +10,22 @@ use crate::limiter::Limiter;
 use crate::store::{Store, StoreResult};
 use crate::volume::Volume;
 
+/// Told about every committed volume change, after the commit (for example
+/// to mirror volume state into a Kubernetes custom resource). Failures are
+/// the observer's to log: the store is the source of truth.
+#[tonic::async_trait]
+pub trait VolumeObserver: Send + Sync + 'static {
+    async fn changed(&self, vol: &Volume);
+    async fn removed(&self, vol: &Volume);
+}
+
 #[derive(Clone)]
 pub struct Driver {
     pub config: Arc<DriverConfig>,
     pub store: Store,
     pub backend: Arc<dyn Backend>,
     pub limiter: Limiter,
+    pub observers: Vec<Arc<dyn VolumeObserver>>,
 }
 
 impl Driver {
@@ -25,7 +35,13 @@ impl Driver {
             store,
             backend,
             limiter: Limiter::default(),
+            observers: Vec::new(),
         }
+    }
+
+    pub fn with_observer(mut self, observer: Arc<dyn VolumeObserver>) -> Self {
+        self.observers.push(observer);
+        self
     }
 
     /// Runs a blocking store call on the blocking pool.
@@ -45,9 +61,24 @@ impl Driver {
             .ok_or_else(|| CsiError::VolumeNotFound(id.to_string()))
     }
 
+    /// Commits a volume record, then tells the observers.
     pub async fn put_volume(&self, vol: &Volume) -> CsiResult<()> {
-        let vol = vol.clone();
-        self.db(move |s| s.put_volume(&vol)).await
+        let record = vol.clone();
+        self.db(move |s| s.put_volume(&record)).await?;
+        for o in &self.observers {
+            o.changed(vol).await;
+        }
+        Ok(())
+    }
+
+    /// Deletes a volume record, then tells the observers.
+    pub async fn remove_volume(&self, vol: &Volume) -> CsiResult<()> {
+        let id = vol.id.clone();
+        self.db(move |s| s.remove_volume(&id)).await?;
+        for o in &self.observers {
+            o.removed(vol).await;
+        }
+        Ok(())
     }
 }
 

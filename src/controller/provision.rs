@@ -380,7 +380,7 @@ pub async fn delete_volume(
         d.put_volume(&vol).await?;
     }
     d.backend.delete_volume(&vol).await?;
-    d.db(move |s| s.remove_volume(&id)).await?;
+    d.remove_volume(&vol).await?;
     tracing::info!(volume_id = %vol.id, name = %vol.name, "volume deleted");
     Ok(csi::DeleteVolumeResponse {})
 }

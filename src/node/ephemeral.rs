@@ -93,8 +93,7 @@ pub async fn remove(d: &Driver, vol: &Volume) -> CsiResult<()> {
     marked.lifecycle = Lifecycle::Deleting;
     d.put_volume(&marked).await?;
     d.backend.delete_volume(vol).await?;
-    let id = vol.id.clone();
-    d.db(move |s| s.remove_volume(&id)).await?;
+    d.remove_volume(vol).await?;
     tracing::info!(volume_id = %vol.id, "ephemeral volume deleted");
     Ok(())
 }
