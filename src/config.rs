@@ -11,6 +11,10 @@ use crate::endpoint::Endpoint;
 pub const DEFAULT_DRIVER_NAME: &str = "relay.csi.dev";
 pub const TOPOLOGY_PREFIX: &str = "topology.relay.csi.dev/";
 pub const TOPOLOGY_NODE_KEY: &str = "topology.relay.csi.dev/node";
+/// The member cluster a volume lives in / a host node's pods run in.
+pub const TOPOLOGY_MEMBER_KEY: &str = "topology.relay.csi.dev/member";
+/// The member cluster's node a host node stands for (one-to-one mapping).
+pub const TOPOLOGY_MEMBER_NODE_KEY: &str = "topology.relay.csi.dev/member-node";
 
 #[derive(Parser, Debug)]
 #[command(
@@ -24,9 +28,21 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once at start-up: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the CSI Identity, Controller, GroupController and Node services.
     Serve(ServeArgs),
+    /// Print the RelayVolume CustomResourceDefinition (YAML) for the host cluster.
+    Crd,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Directories and loop-device block files under --state-dir.
+    Local,
+    /// PersistentVolumeClaims in member clusters (--member).
+    Member,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -99,6 +115,22 @@ pub struct ServeArgs {
     /// nodes that share this machine's storage (repeatable).
     #[arg(long = "peer-node", value_name = "NODE_ID")]
     pub peer_nodes: Vec<String>,
+
+    /// Where volumes live: the embedded local backend, or member clusters.
+    #[arg(long, value_enum, default_value_t = BackendKind::Local)]
+    pub backend: BackendKind,
+
+    /// A member cluster the member backend provisions in: its name (a DNS-1123
+    /// label of at most 40 characters, as StorageClasses and topology name it)
+    /// and the kubeconfig that reaches it (repeatable; required at least once
+    /// with --backend member for the controller service).
+    #[arg(long = "member", value_name = "NAME=KUBECONFIG", value_parser = crate::member::config::parse_member)]
+    pub members: Vec<crate::member::config::MemberArg>,
+
+    /// Kubeconfig of the host cluster, where the member backend keeps its
+    /// RelayVolume objects and looks up nodes. Default: in-cluster config.
+    #[arg(long, value_name = "PATH")]
+    pub host_kubeconfig: Option<PathBuf>,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]

@@ -97,6 +97,13 @@ impl Driver {
             crate::backend::NodeSource::Directory(p) | crate::backend::NodeSource::BlockFile(p) => {
                 Ok(p)
             }
+            crate::backend::NodeSource::Member(source) => {
+                Err(CsiError::FailedPrecondition(format!(
+                    "volume {:?} is a member-cluster {} volume with no path on this node",
+                    vol.id,
+                    source.kind.name()
+                )))
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod driver;
 pub mod endpoint;
 pub mod error;
 pub mod limiter;
+pub mod member;
 pub mod mount;
 pub mod node;
 pub mod observe;

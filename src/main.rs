@@ -17,6 +17,16 @@ fn init_logging(format: LogFormat) {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Crd => match csi_relay::member::relay_volume::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("csi-relay: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             init_logging(args.log_format);
             match csi_relay::server::serve(args).await {

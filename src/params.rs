@@ -31,6 +31,33 @@ pub struct VolumeParams {
     pub pvc_namespace: Option<String>,
     #[serde(rename = "csi.storage.k8s.io/pv/name")]
     pub pv_name: Option<String>,
+    /// Member backend: the member cluster (a `--member` name). Optional when
+    /// the topology key `topology.relay.csi.dev/member` picks one.
+    pub member: Option<String>,
+    /// Member backend: the StorageClass of the member PVC (default: the
+    /// member cluster's default StorageClass).
+    #[serde(rename = "memberStorageClass")]
+    pub member_storage_class: Option<String>,
+    /// Member backend: the namespace of the member PVC (default "default").
+    #[serde(rename = "memberNamespace")]
+    pub member_namespace: Option<String>,
+}
+
+impl VolumeParams {
+    /// The member-backend keys present, by their StorageClass names.
+    pub fn member_keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.member.is_some() {
+            keys.push("member");
+        }
+        if self.member_storage_class.is_some() {
+            keys.push("memberStorageClass");
+        }
+        if self.member_namespace.is_some() {
+            keys.push("memberNamespace");
+        }
+        keys
+    }
 }
 
 #[derive(Deserialize, Debug, Default, Clone, PartialEq, Eq)]
@@ -42,6 +69,9 @@ pub struct SnapshotParams {
     pub snapshot_namespace: Option<String>,
     #[serde(rename = "csi.storage.k8s.io/volumesnapshotcontent/name")]
     pub content_name: Option<String>,
+    /// Member backend: the VolumeSnapshotClass of the member VolumeSnapshot.
+    #[serde(rename = "memberSnapshotClass")]
+    pub member_snapshot_class: Option<String>,
 }
 
 pub fn decode<T: for<'de> Deserialize<'de>>(
@@ -85,6 +115,30 @@ mod tests {
             decode::<VolumeParams>(&HashMap::new(), "parameters").unwrap(),
             VolumeParams::default()
         );
+    }
+
+    #[test]
+    fn decodes_member_keys() {
+        let p: VolumeParams = decode(
+            &m(&[
+                ("member", "east"),
+                ("memberStorageClass", "fast"),
+                ("memberNamespace", "relay"),
+            ]),
+            "parameters",
+        )
+        .unwrap();
+        assert_eq!(p.member.as_deref(), Some("east"));
+        assert_eq!(p.member_storage_class.as_deref(), Some("fast"));
+        assert_eq!(p.member_namespace.as_deref(), Some("relay"));
+        assert_eq!(
+            p.member_keys(),
+            ["member", "memberStorageClass", "memberNamespace"]
+        );
+        assert!(VolumeParams::default().member_keys().is_empty());
+        let s: SnapshotParams =
+            decode(&m(&[("memberSnapshotClass", "csi-snap")]), "parameters").unwrap();
+        assert_eq!(s.member_snapshot_class.as_deref(), Some("csi-snap"));
     }
 
     #[test]

@@ -7,14 +7,18 @@ use std::sync::Arc;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
-use crate::backend::local::LocalBackend;
-use crate::config::{DriverConfig, ServeArgs};
+use crate::backend::{local::LocalBackend, Backend};
+use crate::config::{BackendKind, DriverConfig, ServeArgs};
 use crate::csi::{
     controller_server::ControllerServer, group_controller_server::GroupControllerServer,
     identity_server::IdentityServer, node_server::NodeServer,
 };
 use crate::driver::Driver;
 use crate::endpoint::Endpoint;
+use crate::member::backend::MemberBackend;
+use crate::member::cluster::Cluster;
+use crate::member::config::{connect_host, connect_member};
+use crate::member::relay_volume::{rebuild, RelayVolumeObserver, Role};
 use crate::service::{
     controller::ControllerService, group_controller::GroupControllerService,
     identity::IdentityService, node::NodeService,
@@ -72,16 +76,22 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
     std::fs::create_dir_all(&args.state_dir)
         .map_err(io("create state directory", &args.state_dir))?;
     let store = Store::open(&args.state_dir)?;
-    let backend = LocalBackend::new(
-        &args.state_dir,
-        &args.node_id,
-        &args.peer_nodes,
-        args.capacity,
-    )?;
-    let capacity = {
-        use crate::backend::Backend;
-        backend.total_capacity().await?
+    let (backend, host): (Arc<dyn Backend>, Option<Cluster>) = match args.backend {
+        BackendKind::Local => {
+            let local = LocalBackend::new(
+                &args.state_dir,
+                &args.node_id,
+                &args.peer_nodes,
+                args.capacity,
+            )?;
+            (Arc::new(local), None)
+        }
+        BackendKind::Member => {
+            let (member, host) = member_backend(args).await?;
+            (Arc::new(member), Some(host))
+        }
     };
+    let capacity = backend.total_capacity().await?;
     let config = DriverConfig {
         driver_name: args.driver_name.clone(),
         node_id: args.node_id.clone(),
@@ -97,7 +107,42 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             .collect(),
         state_dir: args.state_dir.clone(),
     };
-    Ok(Driver::new(config, store, Arc::new(backend)))
+    let mut driver = Driver::new(config, store, backend);
+    if let Some(host) = host {
+        if args.mode.controller() {
+            // A controller that lost its state directory (an emptyDir in
+            // deploy/) gets its records back before it answers anything.
+            let restored = rebuild(&host, &driver).await?;
+            tracing::info!(restored, "volume records rebuilt from RelayVolumes");
+        }
+        let role = Role::for_mode(args.mode, &args.node_id);
+        driver = driver.with_observer(Arc::new(RelayVolumeObserver::new(host, role)));
+    }
+    Ok(driver)
+}
+
+/// The member backend's clusters, from `--member` and `--host-kubeconfig`.
+async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), StartError> {
+    if args.members.is_empty() && args.mode.controller() {
+        return Err(StartError::Config(
+            "--backend member needs at least one --member NAME=KUBECONFIG".into(),
+        ));
+    }
+    let mut clusters = Vec::new();
+    for m in &args.members {
+        if clusters.iter().any(|c: &Cluster| c.name() == m.name) {
+            return Err(StartError::Config(format!(
+                "--member {} is given twice",
+                m.name
+            )));
+        }
+        clusters.push(connect_member(m).await.map_err(StartError::Config)?);
+    }
+    let host = connect_host(args.host_kubeconfig.as_deref())
+        .await
+        .map_err(StartError::Config)?;
+    let backend = MemberBackend::new(clusters, Some(host.clone()), &args.driver_name);
+    Ok((backend, host))
 }
 
 async fn shutdown_signal() {
@@ -223,6 +268,79 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        use clap::Parser;
+        let mut argv = vec!["csi-relay", "serve", "--node-id", "n1"];
+        argv.extend(extra);
+        match crate::config::Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(crate::config::Command::Serve(a)) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn member_backend_settings_are_checked_at_start() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let state = state.to_str().unwrap();
+        let err = build(&serve_args(&["--state-dir", state, "--backend", "member"]))
+            .await
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("--member"), "{err}");
+        let err = build(&serve_args(&[
+            "--state-dir",
+            state,
+            "--backend",
+            "member",
+            "--member",
+            "east=/nonexistent/kubeconfig",
+        ]))
+        .await
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("/nonexistent/kubeconfig"), "{err}");
+        let kubeconfig = tmp.path().join("kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://192.0.2.1:6443'}\nusers:\n- name: u\n  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
+        )
+        .unwrap();
+        let member = format!("east={}", kubeconfig.display());
+        let host = kubeconfig.to_str().unwrap();
+        let dup = build(&serve_args(&[
+            "--state-dir",
+            state,
+            "--backend",
+            "member",
+            "--member",
+            &member,
+            "--member",
+            &member,
+            "--host-kubeconfig",
+            host,
+        ]))
+        .await
+        .err()
+        .unwrap();
+        assert!(dup.to_string().contains("twice"), "{dup}");
+        // A node plugin starts without contacting any cluster.
+        let d = build(&serve_args(&[
+            "--state-dir",
+            state,
+            "--mode",
+            "node",
+            "--backend",
+            "member",
+            "--host-kubeconfig",
+            host,
+        ]))
+        .await
+        .unwrap();
+        assert_eq!(d.backend.kind(), "member");
+        assert_eq!(d.observers.len(), 1);
+    }
 
     #[test]
     fn driver_names_follow_the_spec() {

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::capability::Capability;
 
-/// Where a volume's bytes live on the local backend.
+/// Where a volume's bytes live: on the local backend, or in a member cluster.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Backing {
@@ -17,6 +17,16 @@ pub enum Backing {
     /// A sparse file attached through a loop device: raw block access, or a
     /// filesystem of `fs_type` for mount access.
     BlockFile { fs_type: String },
+    /// A PersistentVolumeClaim in a member cluster (the member backend). The
+    /// claim's name derives from the volume id, so a retry finds it again.
+    Member {
+        member: String,
+        namespace: String,
+        pvc: String,
+        /// The member node the request's topology chose, if it named one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        selected_node: Option<String>,
+    },
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -977,3 +977,101 @@ async fn vanished_backing_data_is_reported_abnormal() {
     destroy(&d, &v2).await;
     assert_clean(&d);
 }
+
+// A repeated NodeStageVolume / NodePublishVolume restores a mount that was
+// lost while the driver kept running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_calls_restore_lost_mounts() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    for (name, cap) in [
+        ("restore-dir", snw()),
+        ("restore-ext4", fs_cap(Mode::SingleNodeWriter, "ext4", &[])),
+        ("restore-raw", block_cap(Mode::SingleNodeWriter)),
+    ] {
+        let v = ready_volume(&d, name, 16 * MIB, cap).await;
+        let raw = name == "restore-raw";
+        let staged = if raw {
+            v.staging.join("device")
+        } else {
+            v.staging.clone()
+        };
+        let target = d.path(&format!("pods/{name}/vol"));
+        publish(&d, &v, &target, false).await;
+        if !raw {
+            fs::write(target.join("f.txt"), name).unwrap();
+        }
+        run("umount", &[&s(&target)]);
+        run("umount", &[&s(&staged)]);
+        stage(&d, &v).await;
+        assert_eq!(mounts_at(&staged).len(), 1, "{name}: staging restored");
+        publish(&d, &v, &target, false).await;
+        assert_eq!(mounts_at(&target).len(), 1, "{name}: target restored");
+        if !raw {
+            assert_eq!(fs::read_to_string(target.join("f.txt")).unwrap(), name);
+        }
+        assert!(loops_of(&d).len() <= 1, "{name}: {:?}", loops_of(&d));
+        unpublish(&d, &v.id, &target).await;
+        destroy(&d, &v).await;
+    }
+    assert_clean(&d);
+}
+
+// NodePublishVolume from a staging path whose mount is gone must not bind
+// the bare staging directory (the node's own disk) into the workload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_from_a_lost_stage_is_refused() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let v = ready_volume(&d, "lost-stage", 16 * MIB, snw()).await;
+    let backing = d.state_dir.join("volumes").join(&v.id);
+    fs::write(backing.join("real.txt"), b"volume data").unwrap();
+    run("umount", &[&s(&v.staging)]);
+    let target = d.path("pods/p1/vol");
+    expect_code(
+        try_publish(&d, publish_req(&v, &target, false)).await,
+        Code::FailedPrecondition,
+        "publish while the stage is lost",
+    );
+    assert!(!target.exists() && !is_mounted(&target));
+    // The CO's answer: stage again, then publish.
+    stage(&d, &v).await;
+    publish(&d, &v, &target, false).await;
+    assert_eq!(fs::read(target.join("real.txt")).unwrap(), b"volume data");
+    unpublish(&d, &v.id, &target).await;
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}
+
+// mountinfo escapes blanks, tabs and backslashes in paths (`\040`, ...): a
+// target with them must be recognised as mounted, so that a repeat does not
+// stack a second mount and unpublish leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paths_with_blanks_and_backslashes() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let mut v = create_volume(&d, "blanks", 16 * MIB, snw()).await;
+    v.staging = d.path("staging with\tblanks");
+    let mut c = v.clone();
+    controller_publish(&d, &mut c, false).await;
+    let v = c;
+    stage(&d, &v).await;
+    stage(&d, &v).await;
+    assert_eq!(mounts_at(&v.staging).len(), 1);
+    let target = d.path("pods/p 1/vol\\x");
+    publish(&d, &v, &target, false).await;
+    publish(&d, &v, &target, false).await;
+    assert_eq!(
+        mounts_at(&target).len(),
+        1,
+        "a repeat must not stack mounts"
+    );
+    let st = stats(&d, &v.id, &s(&target)).await.unwrap();
+    assert!(!st.volume_condition.unwrap().abnormal);
+    unpublish(&d, &v.id, &target).await;
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}

@@ -8,9 +8,14 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::backend::{tree_copy::copy_tree, Backend, Health, NodeSource, SourceData};
+use crate::backend::{
+    requested_topology, tree_copy::copy_tree, Backend, Health, NodeSource, Placement, SourceData,
+};
+use crate::capability::Capability;
 use crate::config::TOPOLOGY_NODE_KEY;
+use crate::csi;
 use crate::error::{CsiError, CsiResult};
+use crate::params::{BackingChoice, SnapshotParams, VolumeParams};
 use crate::volume::{Backing, Snapshot, Volume};
 
 pub struct LocalBackend {
@@ -44,7 +49,41 @@ fn data_path(dir: &Path, id: &str, backing: &Backing) -> CsiResult<PathBuf> {
     Ok(match backing {
         Backing::Directory => dir.join(id),
         Backing::BlockFile { .. } => dir.join(format!("{id}.img")),
+        Backing::Member { member, .. } => {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{id:?} lives in member cluster {member:?}; this driver runs the local backend"
+            )))
+        }
     })
+}
+
+/// Directory or block file, from the capabilities and the `backing` parameter.
+fn decide_backing(caps: &[Capability], choice: BackingChoice) -> CsiResult<Backing> {
+    let wants_block = caps.iter().any(Capability::is_block);
+    let mut fs_types: Vec<&str> = caps.iter().filter_map(Capability::fs_type).collect();
+    fs_types.sort_unstable();
+    fs_types.dedup();
+    if fs_types.len() > 1 {
+        return Err(CsiError::invalid(
+            "volume_capabilities",
+            format!("conflicting fs_type values {fs_types:?}: a volume has one filesystem"),
+        ));
+    }
+    let fs = fs_types.first().copied();
+    match choice {
+        BackingChoice::Directory if wants_block || fs.is_some() => Err(CsiError::invalid(
+            "parameters",
+            "backing=directory cannot serve raw block access or an explicit fs_type",
+        )),
+        BackingChoice::Directory => Ok(Backing::Directory),
+        BackingChoice::Block => Ok(Backing::BlockFile {
+            fs_type: fs.unwrap_or("ext4").to_string(),
+        }),
+        BackingChoice::Auto if wants_block || fs.is_some() => Ok(Backing::BlockFile {
+            fs_type: fs.unwrap_or("ext4").to_string(),
+        }),
+        BackingChoice::Auto => Ok(Backing::Directory),
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -206,6 +245,43 @@ impl Backend for LocalBackend {
             .collect()
     }
 
+    fn check_parameters(&self, params: &VolumeParams) -> CsiResult<()> {
+        let keys = params.member_keys();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        Err(CsiError::invalid(
+            "parameters",
+            format!("{keys:?} configure the member-cluster backend; this driver runs the local backend (--backend local)"),
+        ))
+    }
+
+    fn check_snapshot_parameters(&self, params: &SnapshotParams) -> CsiResult<()> {
+        if params.member_snapshot_class.is_some() {
+            return Err(CsiError::invalid(
+                "parameters",
+                "memberSnapshotClass configures the member-cluster backend; this driver runs the local backend (--backend local)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn place(
+        &self,
+        params: &VolumeParams,
+        caps: &[Capability],
+        req: Option<&csi::TopologyRequirement>,
+    ) -> CsiResult<Placement> {
+        let backing = decide_backing(caps, params.backing)?;
+        let topology = requested_topology(self.volume_topology(), req)?;
+        Ok(Placement {
+            id: format!("vol-{}", uuid::Uuid::new_v4().simple()),
+            backing,
+            topology,
+            context: BTreeMap::new(),
+        })
+    }
+
     async fn node_known(&self, node_id: &str) -> CsiResult<bool> {
         Ok(node_id == self.node_id || self.peer_nodes.iter().any(|p| p == node_id))
     }
@@ -219,6 +295,7 @@ impl Backend for LocalBackend {
         let backing = vol.backing.clone();
         blocking(move || {
             create_atomically(&dst, |tmp| match (&backing, &src) {
+                (Backing::Member { .. }, _) => Err(io::Error::other("not a local volume")),
                 (Backing::Directory, None) => world_writable_dir(tmp),
                 (Backing::Directory, Some(src)) => copy_tree(src, tmp).map(|_| ()),
                 (Backing::BlockFile { .. }, None) => sparse_file(tmp, size),
@@ -320,7 +397,7 @@ impl Backend for LocalBackend {
         let path = self.volume_path(vol)?;
         Ok(match vol.backing {
             Backing::Directory => NodeSource::Directory(path),
-            Backing::BlockFile { .. } => NodeSource::BlockFile(path),
+            Backing::BlockFile { .. } | Backing::Member { .. } => NodeSource::BlockFile(path),
         })
     }
 }
@@ -328,6 +405,32 @@ impl Backend for LocalBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn member_parameters_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let b = LocalBackend::new(tmp.path(), "n1", &[], Some(1 << 30)).unwrap();
+        let p = VolumeParams {
+            member: Some("east".into()),
+            member_namespace: Some("x".into()),
+            ..Default::default()
+        };
+        let err = b.check_parameters(&p).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("memberNamespace"), "{err}");
+        assert!(b.check_parameters(&VolumeParams::default()).is_ok());
+        let s = SnapshotParams {
+            member_snapshot_class: Some("c".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            b.check_snapshot_parameters(&s).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+        let placed = b.place(&VolumeParams::default(), &[], None).unwrap();
+        assert!(placed.id.starts_with("vol-"));
+        assert_eq!(placed.backing, Backing::Directory);
+    }
 
     #[test]
     fn ids_that_could_escape_are_refused() {

@@ -10,11 +10,14 @@
 pub mod local;
 pub mod tree_copy;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
-use crate::error::CsiResult;
-use crate::volume::{Snapshot, Volume};
+use crate::capability::Capability;
+use crate::csi;
+use crate::error::{CsiError, CsiResult};
+use crate::params::{SnapshotParams, VolumeParams};
+use crate::volume::{Backing, Snapshot, Volume};
 
 /// Where a new volume's initial content comes from.
 pub enum SourceData<'a> {
@@ -45,6 +48,55 @@ pub enum NodeSource {
     Directory(PathBuf),
     /// A file on this node attached through a loop device.
     BlockFile(PathBuf),
+    /// A member cluster's PersistentVolume source (NFS export, host path,
+    /// local path or CSI volume), as ControllerPublishVolume described it.
+    Member(Box<crate::member::source::MemberSource>),
+}
+
+/// What the backend decides for a new volume before anything is allocated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    pub id: String,
+    pub backing: Backing,
+    /// accessible_topology of the new volume.
+    pub topology: Vec<BTreeMap<String, String>>,
+    /// volume_context of the new volume.
+    pub context: BTreeMap<String, String>,
+}
+
+/// GetCapacity's answer, when the backend knows its storage better than
+/// "total minus allocated".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CapacityReport {
+    pub available: u64,
+    pub maximum_volume_size: Option<u64>,
+}
+
+/// The `offered` segments a volume can be placed in under `req` (only keys
+/// of this driver's topology prefix are compared); RESOURCE_EXHAUSTED when
+/// none of the requisite topologies can be served.
+pub fn requested_topology(
+    offered: Vec<BTreeMap<String, String>>,
+    req: Option<&csi::TopologyRequirement>,
+) -> CsiResult<Vec<BTreeMap<String, String>>> {
+    let Some(req) = req else { return Ok(offered) };
+    let matches = |t: &csi::Topology| {
+        offered.iter().any(|o| {
+            t.segments
+                .iter()
+                .all(|(k, v)| !k.starts_with(crate::config::TOPOLOGY_PREFIX) || o.get(k) == Some(v))
+        })
+    };
+    if !req.requisite.is_empty() && !req.requisite.iter().any(matches) {
+        return Err(CsiError::ResourceExhausted(format!(
+            "none of the requisite topologies {:?} can be served; this driver offers {offered:?}",
+            req.requisite
+                .iter()
+                .map(|t| &t.segments)
+                .collect::<Vec<_>>()
+        )));
+    }
+    Ok(offered)
 }
 
 #[tonic::async_trait]
@@ -58,8 +110,46 @@ pub trait Backend: Send + Sync + 'static {
     /// Total bytes the backend offers (GetCapacity).
     async fn total_capacity(&self) -> CsiResult<u64>;
 
-    /// The topology segments a new volume is accessible from.
+    /// Every topology segment the backend serves volumes in.
     fn volume_topology(&self) -> Vec<BTreeMap<String, String>>;
+
+    /// Refuses StorageClass parameters this backend does not use
+    /// (INVALID_ARGUMENT naming them).
+    fn check_parameters(&self, _params: &VolumeParams) -> CsiResult<()> {
+        Ok(())
+    }
+
+    /// Refuses VolumeSnapshotClass parameters this backend does not use.
+    fn check_snapshot_parameters(&self, _params: &SnapshotParams) -> CsiResult<()> {
+        Ok(())
+    }
+
+    /// Decides the id, backing, topology and context of a new volume from its
+    /// decoded parameters, capabilities and accessibility requirements.
+    fn place(
+        &self,
+        params: &VolumeParams,
+        caps: &[Capability],
+        req: Option<&csi::TopologyRequirement>,
+    ) -> CsiResult<Placement>;
+
+    /// Whether volumes with these parameters are reachable from `segments`
+    /// (GetCapacity's accessible_topology).
+    fn serves_topology(&self, _params: &VolumeParams, segments: &HashMap<String, String>) -> bool {
+        self.volume_topology()
+            .iter()
+            .any(|o| segments.iter().all(|(k, v)| o.get(k) == Some(v)))
+    }
+
+    /// GetCapacity from the backend's own knowledge; `None` means "total
+    /// capacity minus what this driver allocated".
+    async fn capacity_for(
+        &self,
+        _params: &VolumeParams,
+        _segments: Option<&HashMap<String, String>>,
+    ) -> CsiResult<Option<CapacityReport>> {
+        Ok(None)
+    }
 
     /// Whether ControllerPublish may target this node.
     async fn node_known(&self, node_id: &str) -> CsiResult<bool>;

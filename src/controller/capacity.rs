@@ -14,20 +14,29 @@ pub async fn get_capacity(
         Capability::from_wire(cap, "volume_capabilities")?;
     }
     crate::validate::map(&req.parameters, "parameters")?;
-    let _: VolumeParams = params::decode(&req.parameters, "parameters")?;
+    let typed: VolumeParams = params::decode(&req.parameters, "parameters")?;
+    d.backend.check_parameters(&typed)?;
     let max = d.config.max_volume_size as i64;
-    if let Some(topology) = &req.accessible_topology {
-        let offered = d.backend.volume_topology();
-        let reachable = offered
-            .iter()
-            .any(|o| topology.segments.iter().all(|(k, v)| o.get(k) == Some(v)));
-        if !reachable {
+    let segments = req.accessible_topology.as_ref().map(|t| &t.segments);
+    if let Some(segments) = segments {
+        if !d.backend.serves_topology(&typed, segments) {
             return Ok(csi::GetCapacityResponse {
                 available_capacity: 0,
                 maximum_volume_size: Some(0),
                 minimum_volume_size: None,
             });
         }
+    }
+    if let Some(report) = d.backend.capacity_for(&typed, segments).await? {
+        let available = report.available.min(i64::MAX as u64) as i64;
+        let largest = report
+            .maximum_volume_size
+            .map_or(available, |m| m.min(i64::MAX as u64) as i64);
+        return Ok(csi::GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size: Some(max.min(largest)),
+            minimum_volume_size: None,
+        });
     }
     let total = d.backend.total_capacity().await?;
     let used = d.db(|s| s.allocated_bytes()).await?;

@@ -14,7 +14,7 @@ use crate::csi::{self, volume_content_source::Type as SourceType};
 use crate::driver::{now, Driver};
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::{volume_key, volume_name_key};
-use crate::params::{self, BackingChoice, VolumeParams};
+use crate::params::{self, VolumeParams};
 use crate::validate;
 use crate::volume::{Backing, ContentSource, Lifecycle, Volume};
 
@@ -96,34 +96,6 @@ impl SizeRange {
     }
 }
 
-fn decide_backing(caps: &[Capability], choice: BackingChoice) -> CsiResult<Backing> {
-    let wants_block = caps.iter().any(Capability::is_block);
-    let mut fs_types: Vec<&str> = caps.iter().filter_map(Capability::fs_type).collect();
-    fs_types.sort_unstable();
-    fs_types.dedup();
-    if fs_types.len() > 1 {
-        return Err(CsiError::invalid(
-            "volume_capabilities",
-            format!("conflicting fs_type values {fs_types:?}: a volume has one filesystem"),
-        ));
-    }
-    let fs = fs_types.first().copied();
-    match choice {
-        BackingChoice::Directory if wants_block || fs.is_some() => Err(CsiError::invalid(
-            "parameters",
-            "backing=directory cannot serve raw block access or an explicit fs_type",
-        )),
-        BackingChoice::Directory => Ok(Backing::Directory),
-        BackingChoice::Block => Ok(Backing::BlockFile {
-            fs_type: fs.unwrap_or("ext4").to_string(),
-        }),
-        BackingChoice::Auto if wants_block || fs.is_some() => Ok(Backing::BlockFile {
-            fs_type: fs.unwrap_or("ext4").to_string(),
-        }),
-        BackingChoice::Auto => Ok(Backing::Directory),
-    }
-}
-
 fn decode_source(source: Option<&csi::VolumeContentSource>) -> CsiResult<Option<ContentSource>> {
     let Some(source) = source else {
         return Ok(None);
@@ -161,32 +133,6 @@ pub fn check_mutable(
         ));
     }
     Ok(params.clone().into_iter().collect())
-}
-
-/// Whether the volume is reachable from the requested topology.
-fn check_topology(
-    d: &Driver,
-    req: Option<&csi::TopologyRequirement>,
-) -> CsiResult<Vec<BTreeMap<String, String>>> {
-    let offered = d.backend.volume_topology();
-    let Some(req) = req else { return Ok(offered) };
-    let matches = |t: &csi::Topology| {
-        offered.iter().any(|o| {
-            t.segments
-                .iter()
-                .all(|(k, v)| !k.starts_with(crate::config::TOPOLOGY_PREFIX) || o.get(k) == Some(v))
-        })
-    };
-    if !req.requisite.is_empty() && !req.requisite.iter().any(matches) {
-        return Err(CsiError::ResourceExhausted(format!(
-            "none of the requisite topologies {:?} can be served; this driver offers {offered:?}",
-            req.requisite
-                .iter()
-                .map(|t| &t.segments)
-                .collect::<Vec<_>>()
-        )));
-    }
-    Ok(offered)
 }
 
 /// Why an existing volume of the same name does not answer this request.
@@ -231,10 +177,12 @@ pub async fn create_volume(
     validate::secrets(&req.secrets)?;
     let range = SizeRange::from_wire(req.capacity_range.as_ref())?;
     let typed: VolumeParams = params::decode(&req.parameters, "parameters")?;
-    let backing = decide_backing(&caps, typed.backing)?;
+    d.backend.check_parameters(&typed)?;
     let mutable = check_mutable(d, &req.mutable_parameters)?;
     let source = decode_source(req.volume_content_source.as_ref())?;
-    let topology = check_topology(d, req.accessibility_requirements.as_ref())?;
+    let placement = d
+        .backend
+        .place(&typed, &caps, req.accessibility_requirements.as_ref())?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
 
     let mut keys = vec![volume_name_key(&name)];
@@ -264,9 +212,9 @@ pub async fn create_volume(
             }
         }
         None => {
-            let floor = match &backing {
+            let floor = match &placement.backing {
                 Backing::BlockFile { .. } => MIN_BLOCK_FILE_SIZE,
-                Backing::Directory => 0,
+                Backing::Directory | Backing::Member { .. } => 0,
             };
             let mut size = range.choose(floor, d.config.max_volume_size)?;
             if let Some(src) = &source {
@@ -291,16 +239,16 @@ pub async fn create_volume(
             }
             let (secs, _) = now();
             let vol = Volume {
-                id: format!("vol-{}", uuid::Uuid::new_v4().simple()),
+                id: placement.id,
                 name: name.clone(),
                 capacity_bytes: size,
-                backing,
+                backing: placement.backing,
                 capabilities: caps,
                 parameters,
                 mutable_parameters: mutable,
                 source: source.clone(),
-                topology,
-                context: BTreeMap::new(),
+                topology: placement.topology,
+                context: placement.context,
                 created_unix: secs,
                 lifecycle: Lifecycle::Provisioning,
                 ephemeral: false,
@@ -414,6 +362,8 @@ pub async fn expand_volume(
     }
     let node_expansion_required = match (&vol.backing, cap.as_ref().map(|c| &c.access)) {
         (Backing::Directory, _) => false,
+        // The member cluster's own machinery resizes the member volume.
+        (Backing::Member { .. }, _) => false,
         // A block-file volume: the node refreshes the loop device and, for
         // mount access, grows the filesystem.
         (Backing::BlockFile { .. }, Some(AccessType::Block)) => true,

@@ -58,7 +58,8 @@ pub async fn create_snapshot(
     let source_id = validate::id(&req.source_volume_id, "source_volume_id")?.to_string();
     validate::map(&req.parameters, "parameters")?;
     validate::secrets(&req.secrets)?;
-    let _: SnapshotParams = params::decode(&req.parameters, "parameters")?;
+    let typed: SnapshotParams = params::decode(&req.parameters, "parameters")?;
+    d.backend.check_snapshot_parameters(&typed)?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
 
     let _guard = d

@@ -81,7 +81,7 @@ pub async fn ensure(
 pub fn data_dir(d: &Driver, vol: &Volume) -> CsiResult<PathBuf> {
     match d.backend.node_source(vol)? {
         NodeSource::Directory(p) => Ok(p),
-        NodeSource::BlockFile(_) => Err(CsiError::Internal(
+        NodeSource::BlockFile(_) | NodeSource::Member(_) => Err(CsiError::Internal(
             "ephemeral volumes are directories".into(),
         )),
     }

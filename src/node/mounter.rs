@@ -135,6 +135,10 @@ pub async fn stage(
             }
             Ok(None)
         }
+        NodeSource::Member(m) => Err(CsiError::FailedPrecondition(format!(
+            "member volume source {} is not supported on this node yet",
+            m.kind.name()
+        ))),
         NodeSource::BlockFile(file) => {
             let attached_before =
                 loopdev::find(file).map_err(|e| CsiError::io("find loop device of", file, e))?;

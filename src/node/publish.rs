@@ -5,7 +5,7 @@ use std::path::Path;
 use crate::capability::Capability;
 use crate::csi;
 use crate::driver::Driver;
-use crate::error::CsiResult;
+use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
 use crate::node::{ephemeral, mounter, stage};
 use crate::state::{self, StagingRule, Step};
@@ -72,7 +72,18 @@ pub async fn publish(
     // A read-only stage stays read-only in every publication: a bind
     // remount without MS_RDONLY would make the new mount writable again.
     let readonly = req.readonly || stage::staged_readonly(&next, &node_id, &cap);
-    match mounter::publish(&from, Path::new(&target), &cap, readonly) {
+    // Binding a staging path whose mount is gone would hand the workload an
+    // empty directory on the node's own disk instead of the volume.
+    let published = if !next.ephemeral && !mounter::is_mounted(&from) {
+        Err(CsiError::FailedPrecondition(format!(
+            "volume {id:?} is recorded as staged at {staging:?} but nothing is mounted at {}; \
+             NodeStageVolume must be repeated first",
+            from.display()
+        )))
+    } else {
+        mounter::publish(&from, Path::new(&target), &cap, readonly)
+    };
+    match published {
         Ok(()) => {
             d.put_volume(&state::publish_done(&next, &node_id, &target))
                 .await?;

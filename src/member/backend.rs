@@ -1,0 +1,626 @@
+//! `MemberBackend`: the `Backend` whose volumes are member-cluster PVCs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, CapacityReport, Health, NodeSource, Placement, SourceData};
+use crate::capability::Capability;
+use crate::config::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
+use crate::csi;
+use crate::error::{CsiError, CsiResult};
+use crate::member::cluster::Cluster;
+use crate::member::naming::{self, MemberVolume};
+use crate::member::pvc::{self, ClaimPlan, DataSource};
+use crate::member::source::{self, MemberSource, SourceKind};
+use crate::member::{attach, capacity, nodes, snapshot, WAIT_BUDGET};
+use crate::params::{self, BackingChoice, SnapshotParams, VolumeParams};
+use crate::volume::{Backing, Snapshot, Volume};
+
+const DEFAULT_NAMESPACE: &str = "default";
+/// How long a member found unreachable answers health checks from memory,
+/// so ListVolumes over many volumes does not wait on it once per volume.
+const UNREACHABLE_MEMORY: Duration = Duration::from_secs(15);
+
+pub struct MemberBackend {
+    members: BTreeMap<String, Cluster>,
+    host: Option<Cluster>,
+    driver_name: String,
+    wait: Duration,
+    unreachable: Mutex<HashMap<String, (Instant, String)>>,
+}
+
+fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
+    let map: HashMap<String, String> = vol.parameters.clone().into_iter().collect();
+    params::decode(&map, "parameters")
+}
+
+impl MemberBackend {
+    /// `host` is where host Nodes are looked up (None: a host node maps to
+    /// the member node of the same name only).
+    pub fn new(members: Vec<Cluster>, host: Option<Cluster>, driver_name: &str) -> Self {
+        MemberBackend {
+            members: members
+                .into_iter()
+                .map(|c| (c.name().to_string(), c))
+                .collect(),
+            host,
+            driver_name: driver_name.to_string(),
+            wait: WAIT_BUDGET,
+            unreachable: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Overrides the bound of waits for member objects to converge.
+    pub fn with_wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    fn names(&self) -> Vec<&str> {
+        self.members.keys().map(String::as_str).collect()
+    }
+
+    fn cluster(&self, name: &str) -> CsiResult<&Cluster> {
+        self.members.get(name).ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "member cluster {name:?} is not configured (--member); configured: {:?}",
+                self.names()
+            ))
+        })
+    }
+
+    /// The member (and member node) a new volume goes to.
+    fn choose(
+        &self,
+        params: &VolumeParams,
+        req: Option<&csi::TopologyRequirement>,
+    ) -> CsiResult<(String, Option<String>)> {
+        let preferred: Vec<&HashMap<String, String>> = req
+            .map(|r| {
+                r.preferred
+                    .iter()
+                    .chain(&r.requisite)
+                    .map(|t| &t.segments)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let requisite: Vec<&HashMap<String, String>> = req
+            .map(|r| r.requisite.iter().map(|t| &t.segments).collect())
+            .unwrap_or_default();
+        let named: Vec<&String> = preferred
+            .iter()
+            .filter_map(|s| s.get(TOPOLOGY_MEMBER_KEY))
+            .collect();
+        let member = match &params.member {
+            Some(m) => m.clone(),
+            None => match named.iter().find(|m| self.members.contains_key(m.as_str())) {
+                Some(m) => (*m).clone(),
+                None if !named.is_empty() => {
+                    return Err(CsiError::ResourceExhausted(format!(
+                        "the requested topology names member clusters {named:?}, none of which is configured (configured: {:?})",
+                        self.names()
+                    )))
+                }
+                None if self.members.len() == 1 => self.names()[0].to_string(),
+                None => {
+                    return Err(CsiError::invalid(
+                        "parameters",
+                        format!(
+                            "member is not set and the accessibility requirements name no member cluster ({TOPOLOGY_MEMBER_KEY}); configured: {:?}",
+                            self.names()
+                        ),
+                    ))
+                }
+            },
+        };
+        let accepts =
+            |s: &&HashMap<String, String>| s.get(TOPOLOGY_MEMBER_KEY).is_none_or(|m| m == &member);
+        if !requisite.is_empty() && !requisite.iter().any(accepts) {
+            return Err(CsiError::ResourceExhausted(format!(
+                "none of the requisite topologies {requisite:?} can reach member cluster {member}"
+            )));
+        }
+        let member_node = preferred
+            .iter()
+            .filter(|s| s.get(TOPOLOGY_MEMBER_KEY) == Some(&member))
+            .find_map(|s| s.get(TOPOLOGY_MEMBER_NODE_KEY))
+            .cloned();
+        Ok((member, member_node))
+    }
+
+    fn remembered_unreachable(&self, member: &str) -> Option<String> {
+        let memory = self.unreachable.lock().ok()?;
+        memory
+            .get(member)
+            .filter(|(at, _)| at.elapsed() < UNREACHABLE_MEMORY)
+            .map(|(_, why)| why.clone())
+    }
+
+    fn remember_unreachable(&self, member: &str, why: Option<String>) {
+        if let Ok(mut memory) = self.unreachable.lock() {
+            match why {
+                Some(why) => memory.insert(member.to_string(), (Instant::now(), why)),
+                None => memory.remove(member),
+            };
+        }
+    }
+
+    /// A Pending member PVC of a WaitForFirstConsumer class binds only once
+    /// it knows its node: tell it the one the host node maps to.
+    async fn nudge_binding(
+        &self,
+        cluster: &Cluster,
+        at: &MemberVolume,
+        claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+        params: &VolumeParams,
+        member_node: Option<&str>,
+    ) -> CsiResult<()> {
+        let Some(node) = member_node else {
+            return Ok(());
+        };
+        if pvc::annotation(claim, naming::SELECTED_NODE_ANNOTATION).is_some() {
+            return Ok(());
+        }
+        let class = pvc::storage_class(cluster, params.member_storage_class.as_deref()).await?;
+        if class.as_ref().is_some_and(pvc::binds_late) {
+            pvc::select_node(cluster, &at.namespace, &at.pvc, node).await?;
+            tracing::info!(pvc = %at.pvc_path(), member = %at.member, node, "member PVC sent to its first consumer's node");
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl Backend for MemberBackend {
+    fn kind(&self) -> &'static str {
+        "member"
+    }
+
+    /// Ready once configured (start-up checked the settings): an unreachable
+    /// member must not make the whole driver fail its liveness probe; calls
+    /// against it answer UNAVAILABLE naming it.
+    async fn healthy(&self) -> CsiResult<()> {
+        Ok(())
+    }
+
+    /// Unbounded here: each member cluster enforces its own quotas.
+    async fn total_capacity(&self) -> CsiResult<u64> {
+        Ok(i64::MAX as u64)
+    }
+
+    fn volume_topology(&self) -> Vec<BTreeMap<String, String>> {
+        self.members
+            .keys()
+            .map(|m| [(TOPOLOGY_MEMBER_KEY.to_string(), m.clone())].into())
+            .collect()
+    }
+
+    fn check_parameters(&self, params: &VolumeParams) -> CsiResult<()> {
+        if params.backing != BackingChoice::Auto {
+            return Err(CsiError::invalid(
+                "parameters",
+                "backing configures the local backend; the member backend uses the member StorageClass (memberStorageClass)",
+            ));
+        }
+        if let Some(m) = &params.member {
+            if !self.members.contains_key(m) {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!(
+                        "member {m:?} is not a configured member cluster (--member); configured: {:?}",
+                        self.names()
+                    ),
+                ));
+            }
+        }
+        if let Some(ns) = &params.member_namespace {
+            if !naming::is_dns_label(ns) {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!("memberNamespace {ns:?} is not a valid namespace name"),
+                ));
+            }
+        }
+        if let Some(sc) = &params.member_storage_class {
+            if !naming::is_dns_subdomain(sc) {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!("memberStorageClass {sc:?} is not a valid StorageClass name"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_snapshot_parameters(&self, params: &SnapshotParams) -> CsiResult<()> {
+        match &params.member_snapshot_class {
+            Some(c) if !naming::is_dns_subdomain(c) => Err(CsiError::invalid(
+                "parameters",
+                format!("memberSnapshotClass {c:?} is not a valid VolumeSnapshotClass name"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn place(
+        &self,
+        params: &VolumeParams,
+        _caps: &[Capability],
+        req: Option<&csi::TopologyRequirement>,
+    ) -> CsiResult<Placement> {
+        self.check_parameters(params)?;
+        let (member, selected_node) = self.choose(params, req)?;
+        let namespace = params
+            .member_namespace
+            .clone()
+            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
+        let uuid = uuid::Uuid::new_v4();
+        let pvc = naming::pvc_name(&uuid.simple().to_string());
+        let context = BTreeMap::from([
+            (source::MEMBER.to_string(), member.clone()),
+            (source::MEMBER_NAMESPACE.to_string(), namespace.clone()),
+            (source::MEMBER_PVC.to_string(), pvc.clone()),
+        ]);
+        Ok(Placement {
+            id: naming::volume_id(&member, &uuid),
+            topology: vec![[(TOPOLOGY_MEMBER_KEY.to_string(), member.clone())].into()],
+            backing: Backing::Member {
+                member,
+                namespace,
+                pvc,
+                selected_node,
+            },
+            context,
+        })
+    }
+
+    fn serves_topology(&self, params: &VolumeParams, segments: &HashMap<String, String>) -> bool {
+        match segments.get(TOPOLOGY_MEMBER_KEY) {
+            Some(m) => {
+                self.members.contains_key(m) && params.member.as_ref().is_none_or(|p| p == m)
+            }
+            None => true,
+        }
+    }
+
+    async fn capacity_for(
+        &self,
+        params: &VolumeParams,
+        segments: Option<&HashMap<String, String>>,
+    ) -> CsiResult<Option<CapacityReport>> {
+        let member = params
+            .member
+            .clone()
+            .or_else(|| segments.and_then(|s| s.get(TOPOLOGY_MEMBER_KEY)).cloned())
+            .or_else(|| (self.members.len() == 1).then(|| self.names()[0].to_string()));
+        let Some(member) = member else {
+            return Ok(None);
+        };
+        let cluster = self.cluster(&member)?;
+        let Some(class) =
+            pvc::storage_class(cluster, params.member_storage_class.as_deref()).await?
+        else {
+            return Ok(None);
+        };
+        let name = class.metadata.name.unwrap_or_default();
+        capacity::of_class(cluster, &name).await
+    }
+
+    async fn node_known(&self, node_id: &str) -> CsiResult<bool> {
+        match &self.host {
+            Some(host) => Ok(nodes::host_node(host, node_id).await?.is_some()),
+            // Without the host cluster the node is resolved at attach time.
+            None => Ok(true),
+        }
+    }
+
+    async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        let params = decode_volume_params(vol)?;
+        let same_place = |what: String, backing: &Backing| -> CsiResult<()> {
+            match backing {
+                Backing::Member {
+                    member, namespace, ..
+                } if *member == at.member && *namespace == at.namespace => Ok(()),
+                Backing::Member {
+                    member, namespace, ..
+                } => Err(CsiError::invalid(
+                    "volume_content_source",
+                    format!(
+                        "{what} lives in member cluster {member}, namespace {namespace}; a volume made from it must be provisioned there too, not in {}, namespace {}",
+                        at.member, at.namespace
+                    ),
+                )),
+                _ => Err(CsiError::invalid(
+                    "volume_content_source",
+                    format!("{what} is not a member-cluster object"),
+                )),
+            }
+        };
+        let data_source = match source {
+            None => None,
+            Some(SourceData::Snapshot(snap)) => {
+                same_place(format!("snapshot {}", snap.id), &snap.backing)?;
+                Some(DataSource::Snapshot(naming::snapshot_name(&snap.id)))
+            }
+            Some(SourceData::Volume(src)) => {
+                same_place(format!("volume {}", src.id), &src.backing)?;
+                Some(DataSource::Claim(MemberVolume::of(src)?.pvc))
+            }
+        };
+        let class = match (&params.member_storage_class, &at.selected_node) {
+            (Some(name), _) => pvc::storage_class(cluster, Some(name)).await?,
+            (None, Some(_)) => pvc::storage_class(cluster, None).await?,
+            (None, None) => None,
+        };
+        let selected_node = at
+            .selected_node
+            .as_deref()
+            .filter(|_| class.as_ref().is_some_and(pvc::binds_late));
+        let claim = pvc::manifest(&ClaimPlan {
+            vol,
+            at: &at,
+            params: &params,
+            data_source,
+            selected_node,
+            driver_name: &self.driver_name,
+        });
+        pvc::ensure(cluster, &claim, &vol.id).await?;
+        tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
+        Ok(())
+    }
+
+    async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        pvc::delete(cluster, &at.namespace, &at.pvc).await
+    }
+
+    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<()> {
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        let label = cluster.label();
+        let path = at.pvc_path();
+        let claim = pvc::get(cluster, &at.namespace, &at.pvc)
+            .await?
+            .ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "{label}: PersistentVolumeClaim {path} is missing"
+                ))
+            })?;
+        let phase = pvc::phase(&claim);
+        if phase != "Bound" {
+            return Err(CsiError::Unavailable(format!(
+                "{label}: PersistentVolumeClaim {path} is {phase}, not Bound; it can be expanded once bound (retry)"
+            )));
+        }
+        let claim = if pvc::requested(&claim).unwrap_or(0) < new_size {
+            pvc::request_storage(cluster, &at.namespace, &at.pvc, new_size).await?
+        } else {
+            claim
+        };
+        // The member's answer.
+        if pvc::capacity(&claim).unwrap_or(0) >= new_size {
+            return Ok(());
+        }
+        let conditions = pvc::conditions(&claim);
+        let condition = |t: &str| {
+            conditions
+                .iter()
+                .find(|(kind, _)| kind == t)
+                .map(|(_, m)| m.clone())
+        };
+        match pvc::resize_status(&claim) {
+            Some("ControllerResizeInfeasible") => {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{label} cannot grow PersistentVolumeClaim {path} to {new_size} bytes: {}",
+                    condition("ControllerResizeError")
+                        .unwrap_or_else(|| "resize infeasible".into())
+                )))
+            }
+            // Done on the controller side; the rest happens where it is mounted.
+            Some("NodeResizePending") | Some("NodeResizeInProgress") => return Ok(()),
+            _ => {}
+        }
+        if condition("FileSystemResizePending").is_some() {
+            return Ok(());
+        }
+        let why = condition("ControllerResizeError")
+            .map(|m| format!(": the member's resizer reports {m:?}"))
+            .unwrap_or_default();
+        Err(CsiError::Unavailable(format!(
+            "{label} is growing PersistentVolumeClaim {path} to {new_size} bytes (it reports {} bytes){why}; retry",
+            pvc::capacity(&claim).unwrap_or(0)
+        )))
+    }
+
+    async fn create_snapshot(&self, snap: &Snapshot, source: &Volume) -> CsiResult<()> {
+        let at = MemberVolume::of(source)?;
+        let cluster = self.cluster(&at.member)?;
+        let map: HashMap<String, String> = snap.parameters.clone().into_iter().collect();
+        let typed: SnapshotParams = params::decode(&map, "parameters")?;
+        let name = naming::snapshot_name(&snap.id);
+        let annotations = BTreeMap::from([
+            (naming::SNAPSHOT_ID_ANNOTATION.to_string(), snap.id.clone()),
+            (naming::VOLUME_ID_ANNOTATION.to_string(), source.id.clone()),
+            (
+                naming::DRIVER_ANNOTATION.to_string(),
+                self.driver_name.clone(),
+            ),
+        ]);
+        let obj = snapshot::manifest(&snapshot::SnapshotPlan {
+            name: &name,
+            namespace: &at.namespace,
+            pvc: &at.pvc,
+            class: typed.member_snapshot_class.as_deref(),
+            labels: naming::labels(&at.uuid),
+            annotations,
+        });
+        snapshot::ensure_ready(cluster, &obj, &snap.id, self.wait).await
+    }
+
+    async fn delete_snapshot(&self, snap: &Snapshot) -> CsiResult<()> {
+        let Backing::Member {
+            member, namespace, ..
+        } = &snap.backing
+        else {
+            return Err(CsiError::FailedPrecondition(format!(
+                "snapshot {:?} is not a member-cluster snapshot",
+                snap.id
+            )));
+        };
+        let cluster = self.cluster(member)?;
+        snapshot::delete(cluster, namespace, &naming::snapshot_name(&snap.id)).await
+    }
+
+    async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>> {
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        let label = cluster.label();
+        let path = at.pvc_path();
+        let place = nodes::resolve(self.host.as_ref(), cluster, node_id).await?;
+        let claim = pvc::get(cluster, &at.namespace, &at.pvc)
+            .await?
+            .ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "{label}: PersistentVolumeClaim {path} is missing; the volume's storage is gone"
+                ))
+            })?;
+        if claim.metadata.deletion_timestamp.is_some() {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{label}: PersistentVolumeClaim {path} is being deleted"
+            )));
+        }
+        let pv_name = match (pvc::phase(&claim), pvc::bound_pv(&claim)) {
+            ("Bound", Some(pv)) => pv.to_string(),
+            (phase, _) => {
+                let params = decode_volume_params(vol)?;
+                self.nudge_binding(cluster, &at, &claim, &params, place.member_node.as_deref())
+                    .await?;
+                return Err(CsiError::Unavailable(format!(
+                    "{label}: PersistentVolumeClaim {path} is {phase}, not Bound yet; ControllerPublishVolume succeeds once the member binds it (retry)"
+                )));
+            }
+        };
+        let pv = pvc::get_pv(cluster, &pv_name).await?.ok_or_else(|| {
+            CsiError::Unavailable(format!(
+                "{label}: PersistentVolume {pv_name} bound to {path} is not visible yet; retry"
+            ))
+        })?;
+        let mut described = MemberSource::from_pv(&at.member, &pv, place.member_node.as_deref())?;
+        described.to_context()?; // fits, before anything is created for it
+        if let SourceKind::Csi {
+            driver,
+            publish_context,
+            attachment,
+            ..
+        } = &mut described.kind
+        {
+            if attach::attach_required(cluster, driver).await? {
+                let node = place.member_node.as_deref().ok_or_else(|| {
+                    CsiError::FailedPrecondition(format!(
+                        "{label}: CSI driver {driver} of PersistentVolume {pv_name} attaches volumes to nodes, but host node {node_id} stands for no single member node (label it {TOPOLOGY_MEMBER_NODE_KEY})"
+                    ))
+                })?;
+                let name = naming::attachment_name(&at.uuid, node);
+                let va = attach::manifest(&name, driver, &pv_name, node, naming::labels(&at.uuid));
+                *publish_context = attach::ensure_attached(cluster, &va, self.wait).await?;
+                *attachment = Some(name);
+            }
+        }
+        described.to_context()
+    }
+
+    async fn detach(&self, vol: &Volume, node_id: &str) -> CsiResult<()> {
+        let attachment = vol
+            .node(node_id)
+            .and_then(|n| n.attachment.as_ref())
+            .and_then(|a| a.publish_context.get(source::MEMBER_ATTACHMENT));
+        let Some(name) = attachment else {
+            return Ok(()); // nothing was attached in the member
+        };
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        attach::ensure_detached(cluster, name, self.wait).await
+    }
+
+    async fn health(&self, vol: &Volume) -> Health {
+        let abnormal = |message: String| Health {
+            abnormal: true,
+            message,
+        };
+        let at = match MemberVolume::of(vol) {
+            Ok(at) => at,
+            Err(e) => return abnormal(e.to_string()),
+        };
+        let cluster = match self.cluster(&at.member) {
+            Ok(c) => c,
+            Err(e) => return abnormal(e.to_string()),
+        };
+        if let Some(why) = self.remembered_unreachable(&at.member) {
+            return abnormal(why);
+        }
+        let label = cluster.label();
+        let path = at.pvc_path();
+        let claim = match pvc::get(cluster, &at.namespace, &at.pvc).await {
+            Ok(c) => {
+                self.remember_unreachable(&at.member, None);
+                c
+            }
+            Err(e) => {
+                if e.code() == tonic::Code::Unavailable {
+                    self.remember_unreachable(&at.member, Some(e.to_string()));
+                }
+                return abnormal(e.to_string());
+            }
+        };
+        let Some(claim) = claim else {
+            return abnormal(format!("{label}: PersistentVolumeClaim {path} is missing"));
+        };
+        if claim.metadata.deletion_timestamp.is_some() {
+            return abnormal(format!(
+                "{label}: PersistentVolumeClaim {path} is being deleted"
+            ));
+        }
+        match (pvc::phase(&claim), pvc::bound_pv(&claim)) {
+            ("Bound", pv) => Health {
+                abnormal: false,
+                message: format!(
+                    "{label}: PersistentVolumeClaim {path} is Bound to PersistentVolume {}",
+                    pv.unwrap_or("?")
+                ),
+            },
+            ("Lost", _) => abnormal(format!(
+                "{label}: PersistentVolumeClaim {path} is Lost: its PersistentVolume is gone"
+            )),
+            (phase, _) => Health {
+                abnormal: false,
+                message: format!(
+                    "{label}: PersistentVolumeClaim {path} is {phase}: waiting for the member to bind it"
+                ),
+            },
+        }
+    }
+
+    fn node_source(&self, vol: &Volume) -> CsiResult<NodeSource> {
+        let context = vol
+            .nodes
+            .values()
+            .filter_map(|n| n.attachment.as_ref())
+            .map(|a| &a.publish_context)
+            .find(|c| c.contains_key(source::SOURCE_TYPE));
+        match context {
+            Some(c) => Ok(NodeSource::Member(Box::new(MemberSource::from_context(c)?))),
+            None => Err(CsiError::FailedPrecondition(format!(
+                "volume {:?} has no member source description yet: ControllerPublishVolume provides it",
+                vol.id
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "backend_tests.rs"]
+mod tests;

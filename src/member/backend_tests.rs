@@ -1,0 +1,1112 @@
+//! MemberBackend against a scripted API: the exact requests (method, path,
+//! body fields) and the CSI codes each answer produces.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tonic::Code;
+
+use super::*;
+use crate::capability::{AccessMode, AccessType, Capability};
+use crate::member::testing::{self, MockApi};
+use crate::volume::{Attachment, Lifecycle, NodeRecord};
+
+const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
+
+fn mount(mode: AccessMode) -> Capability {
+    Capability {
+        mode,
+        access: AccessType::Mount {
+            fs_type: String::new(),
+            mount_flags: vec![],
+            volume_mount_group: String::new(),
+        },
+    }
+}
+
+fn block(mode: AccessMode) -> Capability {
+    Capability {
+        mode,
+        access: AccessType::Block,
+    }
+}
+
+fn topo(pairs: &[(&str, &str)]) -> csi::Topology {
+    csi::Topology {
+        segments: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn params(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A backend with member "east" (and "west" when asked), no host cluster.
+fn east() -> (MemberBackend, MockApi) {
+    let (cluster, api) = testing::member("east");
+    (
+        MemberBackend::new(vec![cluster], None, "relay.csi.dev"),
+        api,
+    )
+}
+
+fn with_host() -> (MemberBackend, MockApi, MockApi) {
+    let (cluster, api) = testing::member("east");
+    let (host, host_api) = testing::host();
+    (
+        MemberBackend::new(vec![cluster], Some(host), "relay.csi.dev"),
+        api,
+        host_api,
+    )
+}
+
+fn volume(
+    b: &MemberBackend,
+    parameters: BTreeMap<String, String>,
+    caps: Vec<Capability>,
+    req: Option<&csi::TopologyRequirement>,
+) -> Volume {
+    let map: HashMap<String, String> = parameters.clone().into_iter().collect();
+    let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
+    let placed = b.place(&typed, &caps, req).unwrap();
+    Volume {
+        id: placed.id,
+        name: "pvc-0a1b".into(),
+        capacity_bytes: 1 << 30,
+        backing: placed.backing,
+        capabilities: caps,
+        parameters,
+        mutable_parameters: BTreeMap::new(),
+        source: None,
+        topology: placed.topology,
+        context: placed.context,
+        created_unix: 0,
+        lifecycle: Lifecycle::Provisioning,
+        ephemeral: false,
+        nodes: BTreeMap::new(),
+    }
+}
+
+fn standard(b: &MemberBackend) -> Volume {
+    volume(
+        b,
+        params(&[
+            ("memberStorageClass", "fast"),
+            ("memberNamespace", "relay"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "shop"),
+        ]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    )
+}
+
+fn pvc_name(vol: &Volume) -> String {
+    MemberVolume::of(vol).unwrap().pvc
+}
+
+fn claim(vol: &Volume, phase: &str, pv: Option<&str>) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": pvc_name(vol), "namespace": "relay",
+                     "annotations": {naming::VOLUME_ID_ANNOTATION: vol.id}},
+        "spec": {"volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": phase, "capacity": {"storage": "1Gi"}}
+    })
+}
+
+fn class(mode: &str) -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+           "metadata": {"name": "fast"}, "provisioner": "x", "volumeBindingMode": mode})
+}
+
+fn node(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}})
+}
+
+fn nfs_pv() -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-9"},
+           "spec": {"nfs": {"server": "10.0.0.5", "path": "/exports/9"}}})
+}
+
+fn csi_pv() -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-9"},
+           "spec": {"csi": {"driver": "disk.csi.example", "volumeHandle": "h-9", "fsType": "ext4"}}})
+}
+
+fn attached_to(vol: &mut Volume, node: &str, context: BTreeMap<String, String>) {
+    vol.lifecycle = Lifecycle::Ready;
+    vol.nodes.insert(
+        node.into(),
+        NodeRecord {
+            attachment: Some(Attachment {
+                readonly: false,
+                capability: vol.capabilities[0].clone(),
+                publish_context: context,
+            }),
+            ..Default::default()
+        },
+    );
+}
+
+// ---- placement -------------------------------------------------------------
+
+#[tokio::test]
+async fn placement_names_the_member_and_a_deterministic_pvc() {
+    let (b, _api) = east();
+    let vol = standard(&b);
+    assert!(
+        vol.id.starts_with("m-east-") && vol.id.len() <= 128,
+        "{}",
+        vol.id
+    );
+    let at = MemberVolume::of(&vol).unwrap();
+    assert_eq!(at.pvc, format!("relay-{}", at.uuid));
+    assert_eq!(at.namespace, "relay");
+    assert_eq!(
+        vol.topology,
+        vec![BTreeMap::from([(
+            TOPOLOGY_MEMBER_KEY.to_string(),
+            "east".to_string()
+        )])]
+    );
+    assert_eq!(vol.context[source::MEMBER_PVC], at.pvc);
+    let default_ns = volume(&b, BTreeMap::new(), vec![], None);
+    assert_eq!(MemberVolume::of(&default_ns).unwrap().namespace, "default");
+}
+
+#[tokio::test]
+async fn placement_follows_parameters_then_topology() {
+    let (east, _a) = testing::member("east");
+    let (west, _b) = testing::member("west");
+    let b = MemberBackend::new(vec![east, west], None, "relay.csi.dev");
+    let req = csi::TopologyRequirement {
+        requisite: vec![topo(&[
+            (TOPOLOGY_MEMBER_KEY, "west"),
+            (TOPOLOGY_MEMBER_NODE_KEY, "w-7"),
+        ])],
+        preferred: vec![topo(&[
+            (TOPOLOGY_MEMBER_KEY, "west"),
+            (TOPOLOGY_MEMBER_NODE_KEY, "w-7"),
+        ])],
+    };
+    let by_topology = volume(&b, BTreeMap::new(), vec![], Some(&req));
+    let at = MemberVolume::of(&by_topology).unwrap();
+    assert_eq!(at.member, "west");
+    assert_eq!(at.selected_node.as_deref(), Some("w-7"));
+
+    let typed = |m: &str| VolumeParams {
+        member: Some(m.into()),
+        ..Default::default()
+    };
+    // The parameter contradicts the requisite topology.
+    let err = b.place(&typed("east"), &[], Some(&req)).unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+    // Unknown member by parameter.
+    let err = b.place(&typed("north"), &[], None).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.to_string().contains("north"), "{err}");
+    // Two members and nothing to choose by.
+    let err = b.place(&VolumeParams::default(), &[], None).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.to_string().contains(TOPOLOGY_MEMBER_KEY), "{err}");
+    // Topology naming only unconfigured members.
+    let other = csi::TopologyRequirement {
+        requisite: vec![topo(&[(TOPOLOGY_MEMBER_KEY, "south")])],
+        preferred: vec![],
+    };
+    let err = b
+        .place(&VolumeParams::default(), &[], Some(&other))
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+}
+
+#[tokio::test]
+async fn parameters_of_the_local_backend_or_bad_names_are_refused() {
+    let (b, _api) = east();
+    for bad in [
+        VolumeParams {
+            backing: BackingChoice::Block,
+            ..Default::default()
+        },
+        VolumeParams {
+            member_namespace: Some("Not_A_Namespace".into()),
+            ..Default::default()
+        },
+        VolumeParams {
+            member_storage_class: Some("bad/class".into()),
+            ..Default::default()
+        },
+    ] {
+        assert_eq!(
+            b.check_parameters(&bad).unwrap_err().code(),
+            Code::InvalidArgument,
+            "{bad:?}"
+        );
+    }
+    let seg: HashMap<String, String> = [(TOPOLOGY_MEMBER_KEY.into(), "west".into())].into();
+    assert!(!b.serves_topology(&VolumeParams::default(), &seg));
+    let seg: HashMap<String, String> = [(TOPOLOGY_MEMBER_KEY.into(), "east".into())].into();
+    assert!(b.serves_topology(&VolumeParams::default(), &seg));
+}
+
+// ---- CreateVolume ------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn create_posts_the_member_pvc_with_links_back() {
+    let (b, mut api) = east();
+    let req = csi::TopologyRequirement {
+        requisite: vec![],
+        preferred: vec![topo(&[
+            (TOPOLOGY_MEMBER_KEY, "east"),
+            (TOPOLOGY_MEMBER_NODE_KEY, "worker-1"),
+        ])],
+    };
+    let vol = volume(
+        &b,
+        params(&[
+            ("memberStorageClass", "fast"),
+            ("memberNamespace", "relay"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "shop"),
+            ("csi.storage.k8s.io/pv/name", "pvc-0a1b"),
+        ]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        Some(&req),
+    );
+    let name = pvc_name(&vol);
+    let uuid = MemberVolume::of(&vol).unwrap().uuid;
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+            .await
+            .ok(class("WaitForFirstConsumer"));
+        let post = api.expect("POST", PVCS).await;
+        let body = &post.body;
+        assert_eq!(body["metadata"]["name"], name.as_str());
+        assert_eq!(body["metadata"]["namespace"], "relay");
+        let labels = &body["metadata"]["labels"];
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "csi-relay");
+        assert_eq!(labels[naming::VOLUME_UUID_LABEL], uuid.as_str());
+        assert_eq!(labels[naming::HOST_PVC_NAME], "data");
+        assert_eq!(labels[naming::HOST_PVC_NAMESPACE], "shop");
+        let ann = &body["metadata"]["annotations"];
+        assert_eq!(ann[naming::VOLUME_ID_ANNOTATION], vol.id.as_str());
+        assert_eq!(ann[naming::VOLUME_NAME_ANNOTATION], "pvc-0a1b");
+        assert_eq!(ann[naming::HOST_PV_NAME], "pvc-0a1b");
+        assert_eq!(ann[naming::SELECTED_NODE_ANNOTATION], "worker-1");
+        let spec = &body["spec"];
+        assert_eq!(spec["storageClassName"], "fast");
+        assert_eq!(spec["accessModes"], json!(["ReadWriteOnce"]));
+        assert_eq!(spec["volumeMode"], "Filesystem");
+        assert_eq!(spec["resources"]["requests"]["storage"], "1Gi");
+        assert!(spec.get("dataSource").is_none());
+        post.created();
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn create_without_class_or_node_is_one_call() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![block(AccessMode::SingleNodeSingleWriter)],
+        None,
+    );
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        let post = api.expect("POST", PVCS).await;
+        assert!(post.body["spec"].get("storageClassName").is_none());
+        assert_eq!(post.body["spec"]["volumeMode"], "Block");
+        assert_eq!(
+            post.body["spec"]["accessModes"],
+            json!(["ReadWriteOncePod"])
+        );
+        assert!(post.body["metadata"]["annotations"]
+            .get(naming::SELECTED_NODE_ANNOTATION)
+            .is_none());
+        post.created();
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn immediate_classes_get_no_selected_node() {
+    let (b, mut api) = east();
+    let req = csi::TopologyRequirement {
+        requisite: vec![],
+        preferred: vec![topo(&[
+            (TOPOLOGY_MEMBER_KEY, "east"),
+            (TOPOLOGY_MEMBER_NODE_KEY, "worker-1"),
+        ])],
+    };
+    let vol = volume(
+        &b,
+        params(&[("memberStorageClass", "fast"), ("memberNamespace", "relay")]),
+        vec![mount(AccessMode::MultiNodeMultiWriter)],
+        Some(&req),
+    );
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+            .await
+            .ok(class("Immediate"));
+        let post = api.expect("POST", PVCS).await;
+        assert_eq!(post.body["spec"]["accessModes"], json!(["ReadWriteMany"]));
+        assert!(post.body["metadata"]["annotations"]
+            .get(naming::SELECTED_NODE_ANNOTATION)
+            .is_none());
+        post.created();
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn create_retry_adopts_the_pvc_it_made_before() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let name = pvc_name(&vol);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.already_exists();
+        api.expect("GET", &format!("{PVCS}/{name}"))
+            .await
+            .ok(claim(&vol, "Pending", None));
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn create_refuses_a_pvc_of_another_volume() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let name = pvc_name(&vol);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.already_exists();
+        let mut other = claim(&vol, "Bound", Some("pv-1"));
+        other["metadata"]["annotations"][naming::VOLUME_ID_ANNOTATION] = "m-east-other".into();
+        api.expect("GET", &format!("{PVCS}/{name}")).await.ok(other);
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("does not belong"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_member_storage_class_is_named() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+            .await
+            .not_found();
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("memberStorageClass"), "{err}");
+    assert!(err.to_string().contains("member cluster east"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_members_are_unavailable_naming_the_cluster() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    // Connection refused.
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.refuse();
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(
+        err.to_string()
+            .starts_with("member cluster east unreachable"),
+        "{err}"
+    );
+    // No answer at all: the call ends at its deadline, not never.
+    let started = tokio::time::Instant::now();
+    let (result, _pending) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.hang()
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(
+        err.to_string().contains("member cluster east unreachable"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("within 10s"), "{err}");
+    assert_eq!(started.elapsed(), crate::member::CALL_TIMEOUT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn forbidden_is_failed_precondition_naming_the_permission() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.status(
+            403,
+            "Forbidden",
+            "persistentvolumeclaims is forbidden: User \"relay\" cannot create resource",
+        );
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let text = err.to_string();
+    assert!(
+        text.contains("forbids create PersistentVolumeClaim relay/"),
+        "{text}"
+    );
+    assert!(text.contains("cannot create resource"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn clones_and_restores_use_a_member_data_source() {
+    let (b, mut api) = east();
+    let mut src = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    src.lifecycle = Lifecycle::Ready;
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let snap = Snapshot {
+        id: "snap-0123".into(),
+        name: "s".into(),
+        source_volume_id: src.id.clone(),
+        size_bytes: 1 << 30,
+        backing: src.backing.clone(),
+        created_unix: 0,
+        created_nanos: 0,
+        lifecycle: Lifecycle::Ready,
+        parameters: BTreeMap::new(),
+        group_snapshot_id: None,
+    };
+    let src_pvc = pvc_name(&src);
+    let (result, ()) = tokio::join!(
+        b.create_volume(&vol, Some(SourceData::Volume(&src))),
+        async {
+            let post = api.expect("POST", PVCS).await;
+            assert_eq!(
+                post.body["spec"]["dataSource"],
+                json!({"kind": "PersistentVolumeClaim", "name": src_pvc})
+            );
+            post.created();
+        }
+    );
+    result.unwrap();
+    let (result, ()) = tokio::join!(
+        b.create_volume(&vol, Some(SourceData::Snapshot(&snap))),
+        async {
+            let post = api.expect("POST", PVCS).await;
+            assert_eq!(
+                post.body["spec"]["dataSource"],
+                json!({"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "relay-snap-0123"})
+            );
+            post.created();
+        }
+    );
+    result.unwrap();
+    // Another namespace cannot be a data source.
+    let elsewhere = volume(
+        &b,
+        params(&[("memberNamespace", "other")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let err = b
+        .create_volume(&elsewhere, Some(SourceData::Volume(&src)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+}
+
+// ---- DeleteVolume ------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn delete_removes_the_pvc_and_absent_is_success() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let (result, ()) = tokio::join!(b.delete_volume(&vol), async {
+        let del = api.expect("DELETE", &path).await;
+        assert_eq!(del.body["propagationPolicy"], "Background");
+        del.ok(claim(&vol, "Bound", Some("pv-1")));
+    });
+    result.unwrap();
+    let (result, ()) = tokio::join!(b.delete_volume(&vol), async {
+        api.expect("DELETE", &path).await.not_found();
+    });
+    result.unwrap();
+}
+
+// ---- ControllerPublish / Unpublish ------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn publish_describes_a_bound_nfs_volume() {
+    let (b, mut api, mut host) = with_host();
+    let vol = standard(&b);
+    let (result, (), ()) = tokio::join!(
+        b.attach(&vol, "host-1"),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-1")
+                .await
+                .ok(node("host-1", json!({TOPOLOGY_MEMBER_KEY: "east"})));
+        },
+        async {
+            // No member-node label: a member node of the same name?
+            api.expect("GET", "/api/v1/nodes/host-1").await.not_found();
+            api.expect("GET", &format!("{PVCS}/{}", pvc_name(&vol)))
+                .await
+                .ok(claim(&vol, "Bound", Some("pv-9")));
+            api.expect("GET", "/api/v1/persistentvolumes/pv-9")
+                .await
+                .ok(nfs_pv());
+            api.expect_idle().await;
+        }
+    );
+    let ctx = result.unwrap();
+    assert_eq!(ctx[source::SOURCE_TYPE], "nfs");
+    assert_eq!(ctx[source::NFS_SERVER], "10.0.0.5");
+    assert_eq!(ctx[source::NFS_PATH], "/exports/9");
+    assert_eq!(ctx[source::MEMBER], "east");
+    assert_eq!(ctx[source::MEMBER_PV], "pv-9");
+    assert!(!ctx.contains_key(source::MEMBER_NODE));
+}
+
+#[tokio::test(start_paused = true)]
+async fn publish_waits_for_binding_and_sends_the_pvc_to_its_node() {
+    let (b, mut api, mut host) = with_host();
+    let vol = standard(&b);
+    let pvc_path = format!("{PVCS}/{}", pvc_name(&vol));
+    let (result, (), ()) = tokio::join!(
+        b.attach(&vol, "host-1"),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(node(
+                "host-1",
+                json!({TOPOLOGY_MEMBER_KEY: "east", TOPOLOGY_MEMBER_NODE_KEY: "worker-3"}),
+            ));
+        },
+        async {
+            api.expect("GET", &pvc_path)
+                .await
+                .ok(claim(&vol, "Pending", None));
+            api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+                .await
+                .ok(class("WaitForFirstConsumer"));
+            let patch = api.expect("PATCH", &pvc_path).await;
+            assert_eq!(patch.content_type, "application/merge-patch+json");
+            assert_eq!(
+                patch.body,
+                json!({"metadata": {"annotations": {naming::SELECTED_NODE_ANNOTATION: "worker-3"}}})
+            );
+            patch.ok(claim(&vol, "Pending", None));
+            api.expect_idle().await;
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.to_string().contains("not Bound yet"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn publish_refuses_nodes_of_other_members_and_unknown_nodes() {
+    let (b, _api, mut host) = with_host();
+    let vol = standard(&b);
+    let (result, ()) = tokio::join!(b.attach(&vol, "host-2"), async {
+        host.expect("GET", "/api/v1/nodes/host-2")
+            .await
+            .ok(node("host-2", json!({TOPOLOGY_MEMBER_KEY: "west"})));
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("member cluster west"), "{err}");
+    let (result, ()) = tokio::join!(b.attach(&vol, "ghost"), async {
+        host.expect("GET", "/api/v1/nodes/ghost").await.not_found();
+    });
+    assert_eq!(result.unwrap_err().code(), Code::NotFound);
+    let (known, ()) = tokio::join!(b.node_known("ghost"), async {
+        host.expect("GET", "/api/v1/nodes/ghost").await.not_found();
+    });
+    assert!(!known.unwrap());
+}
+
+/// The member node is the host node's namesake; the member PV's CSI driver
+/// has no CSIDriver object (attach required); the VolumeAttachment attaches
+/// on the second look.
+#[tokio::test(start_paused = true)]
+async fn publish_attaches_csi_volumes_through_a_member_volume_attachment() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let uuid = MemberVolume::of(&vol).unwrap().uuid;
+    let va_name = naming::attachment_name(&uuid, "worker-1");
+    let va_path = format!("/apis/storage.k8s.io/v1/volumeattachments/{va_name}");
+    let (result, ()) = tokio::join!(b.attach(&vol, "worker-1"), async {
+        api.expect("GET", "/api/v1/nodes/worker-1")
+            .await
+            .ok(node("worker-1", json!({})));
+        api.expect("GET", &format!("{PVCS}/{}", pvc_name(&vol)))
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        api.expect("GET", "/api/v1/persistentvolumes/pv-9")
+            .await
+            .ok(csi_pv());
+        api.expect("GET", "/apis/storage.k8s.io/v1/csidrivers/disk.csi.example")
+            .await
+            .not_found();
+        let post = api
+            .expect("POST", "/apis/storage.k8s.io/v1/volumeattachments")
+            .await;
+        assert_eq!(post.body["metadata"]["name"], va_name.as_str());
+        assert_eq!(
+            post.body["metadata"]["labels"][naming::VOLUME_UUID_LABEL],
+            uuid.as_str()
+        );
+        assert_eq!(
+            post.body["spec"],
+            json!({"attacher": "disk.csi.example", "nodeName": "worker-1",
+                   "source": {"persistentVolumeName": "pv-9"}})
+        );
+        post.created();
+        let mut done = json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": va_name},
+            "spec": {"attacher": "disk.csi.example", "nodeName": "worker-1",
+                     "source": {"persistentVolumeName": "pv-9"}}});
+        done["status"] =
+            json!({"attached": true, "attachmentMetadata": {"devicePath": "/dev/vdb"}});
+        api.expect("GET", &va_path).await.ok(done);
+        api.expect_idle().await;
+    });
+    let ctx = result.unwrap();
+    assert_eq!(ctx[source::SOURCE_TYPE], "csi");
+    assert_eq!(ctx[source::CSI_DRIVER], "disk.csi.example");
+    assert_eq!(ctx[source::CSI_VOLUME_HANDLE], "h-9");
+    assert_eq!(
+        ctx[source::CSI_PUBLISH_CONTEXT],
+        r#"{"devicePath":"/dev/vdb"}"#
+    );
+    assert_eq!(ctx[source::MEMBER_ATTACHMENT], va_name);
+    assert_eq!(ctx[source::MEMBER_NODE], "worker-1");
+
+    // A retry after the CO lost the answer: the attachment exists already.
+    let (result, ()) = tokio::join!(b.attach(&vol, "worker-1"), async {
+        api.expect("GET", "/api/v1/nodes/worker-1")
+            .await
+            .ok(node("worker-1", json!({})));
+        api.expect("GET", &format!("{PVCS}/{}", pvc_name(&vol)))
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        api.expect("GET", "/api/v1/persistentvolumes/pv-9")
+            .await
+            .ok(csi_pv());
+        api.expect("GET", "/apis/storage.k8s.io/v1/csidrivers/disk.csi.example")
+            .await
+            .not_found();
+        api.expect("POST", "/apis/storage.k8s.io/v1/volumeattachments")
+            .await
+            .already_exists();
+        api.expect("GET", &va_path).await.ok(json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": va_name},
+            "spec": {"attacher": "disk.csi.example", "nodeName": "worker-1",
+                     "source": {"persistentVolumeName": "pv-9"}},
+            "status": {"attached": true, "attachmentMetadata": {"devicePath": "/dev/vdb"}}}));
+        api.expect_idle().await;
+    });
+    assert_eq!(result.unwrap(), ctx);
+}
+
+#[tokio::test(start_paused = true)]
+async fn publish_skips_attachment_when_the_member_driver_needs_none() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let (result, ()) = tokio::join!(b.attach(&vol, "worker-1"), async {
+        api.expect("GET", "/api/v1/nodes/worker-1")
+            .await
+            .ok(node("worker-1", json!({})));
+        api.expect("GET", &format!("{PVCS}/{}", pvc_name(&vol)))
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        api.expect("GET", "/api/v1/persistentvolumes/pv-9")
+            .await
+            .ok(csi_pv());
+        api.expect("GET", "/apis/storage.k8s.io/v1/csidrivers/disk.csi.example")
+            .await
+            .ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+                       "metadata": {"name": "disk.csi.example"},
+                       "spec": {"attachRequired": false}}),
+            );
+        api.expect_idle().await;
+    });
+    let ctx = result.unwrap();
+    assert!(!ctx.contains_key(source::MEMBER_ATTACHMENT));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attachment_that_never_attaches_is_a_bounded_wait() {
+    let (b, mut api) = east();
+    let b = b.with_wait(Duration::from_secs(1));
+    let vol = standard(&b);
+    let uuid = MemberVolume::of(&vol).unwrap().uuid;
+    let va_name = naming::attachment_name(&uuid, "worker-1");
+    let va_path = format!("/apis/storage.k8s.io/v1/volumeattachments/{va_name}");
+    let failing = json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+        "metadata": {"name": va_name},
+        "spec": {"attacher": "disk.csi.example", "nodeName": "worker-1",
+                 "source": {"persistentVolumeName": "pv-9"}},
+        "status": {"attached": false, "attachError": {"message": "disk busy"}}});
+    let (result, ()) = tokio::join!(b.attach(&vol, "worker-1"), async {
+        api.expect("GET", "/api/v1/nodes/worker-1")
+            .await
+            .ok(node("worker-1", json!({})));
+        api.expect("GET", &format!("{PVCS}/{}", pvc_name(&vol)))
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        api.expect("GET", "/api/v1/persistentvolumes/pv-9")
+            .await
+            .ok(csi_pv());
+        api.expect("GET", "/apis/storage.k8s.io/v1/csidrivers/disk.csi.example")
+            .await
+            .not_found();
+        api.expect("POST", "/apis/storage.k8s.io/v1/volumeattachments")
+            .await
+            .created();
+        api.expect("GET", &va_path).await.ok(failing.clone());
+        api.expect("GET", &va_path).await.ok(failing.clone());
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.to_string().contains("disk busy"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unpublish_deletes_the_attachment_and_waits_for_it_to_go() {
+    let (b, mut api) = east();
+    let mut vol = standard(&b);
+    attached_to(
+        &mut vol,
+        "worker-1",
+        [(
+            source::MEMBER_ATTACHMENT.to_string(),
+            "relay-x-1".to_string(),
+        )]
+        .into(),
+    );
+    let path = "/apis/storage.k8s.io/v1/volumeattachments/relay-x-1";
+    let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("DELETE", path).await.ok(json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": "relay-x-1"},
+            "spec": {"attacher": "d", "nodeName": "worker-1", "source": {}}}));
+        api.expect("GET", path).await.not_found();
+        api.expect_idle().await;
+    });
+    result.unwrap();
+    // Already gone, and nothing attached: both succeed.
+    let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("DELETE", path).await.not_found();
+        api.expect("GET", path).await.not_found();
+    });
+    result.unwrap();
+    let (result, ()) = tokio::join!(b.detach(&vol, "worker-2"), api.expect_idle());
+    result.unwrap();
+}
+
+// ---- Expansion ---------------------------------------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn expansion_patches_the_request_and_reports_the_member_answer() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let mut resizing = claim(&vol, "Bound", Some("pv-9"));
+    resizing["spec"]["resources"]["requests"]["storage"] = "2Gi".into();
+    let mut grown = resizing.clone();
+    grown["status"]["capacity"]["storage"] = "2Gi".into();
+
+    // The member has not grown it yet: retryable.
+    let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path)
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        let patch = api.expect("PATCH", &path).await;
+        assert_eq!(patch.content_type, "application/merge-patch+json");
+        assert_eq!(
+            patch.body,
+            json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}})
+        );
+        patch.ok(resizing.clone());
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    // The retry does not patch again, and completes once grown.
+    let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path).await.ok(grown.clone());
+        api.expect_idle().await;
+    });
+    result.unwrap();
+    // Node-side resize pending counts as done for the controller.
+    let mut fs_pending = resizing.clone();
+    fs_pending["status"]["conditions"] =
+        json!([{"type": "FileSystemResizePending", "status": "True"}]);
+    let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path).await.ok(fs_pending);
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn expansion_refusals_come_from_the_member() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path)
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        api.expect("PATCH", &path).await.status(
+            403,
+            "Forbidden",
+            "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+        );
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("must support resize"), "{err}");
+    let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path)
+            .await
+            .ok(claim(&vol, "Pending", None));
+    });
+    assert_eq!(result.unwrap_err().code(), Code::Unavailable);
+}
+
+// ---- Snapshots ---------------------------------------------------------------
+
+fn snapshot_of(vol: &Volume, parameters: BTreeMap<String, String>) -> Snapshot {
+    Snapshot {
+        id: "snap-00ff".into(),
+        name: "snapshot-1".into(),
+        source_volume_id: vol.id.clone(),
+        size_bytes: vol.capacity_bytes,
+        backing: vol.backing.clone(),
+        created_unix: 0,
+        created_nanos: 0,
+        lifecycle: Lifecycle::Provisioning,
+        parameters,
+        group_snapshot_id: None,
+    }
+}
+
+const SNAPS: &str = "/apis/snapshot.storage.k8s.io/v1/namespaces/relay/volumesnapshots";
+
+#[tokio::test(start_paused = true)]
+async fn snapshots_are_member_volume_snapshots() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let snap = snapshot_of(&vol, params(&[("memberSnapshotClass", "csi-snap")]));
+    let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        let post = api.expect("POST", SNAPS).await;
+        assert_eq!(post.body["apiVersion"], "snapshot.storage.k8s.io/v1");
+        assert_eq!(post.body["kind"], "VolumeSnapshot");
+        assert_eq!(post.body["metadata"]["name"], "relay-snap-00ff");
+        assert_eq!(
+            post.body["metadata"]["annotations"][naming::SNAPSHOT_ID_ANNOTATION],
+            "snap-00ff"
+        );
+        assert_eq!(
+            post.body["spec"],
+            json!({"source": {"persistentVolumeClaimName": pvc_name(&vol)},
+                   "volumeSnapshotClassName": "csi-snap"})
+        );
+        let mut ready = post.body.clone();
+        ready["status"] = json!({"readyToUse": true});
+        post.reply(201, ready);
+        api.expect_idle().await;
+    });
+    result.unwrap();
+    // Retry: exists already and is ours.
+    let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        api.expect("POST", SNAPS).await.already_exists();
+        api.expect("GET", &format!("{SNAPS}/relay-snap-00ff"))
+            .await
+            .ok(
+                json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                       "metadata": {"name": "relay-snap-00ff", "namespace": "relay",
+                                    "annotations": {naming::SNAPSHOT_ID_ANNOTATION: "snap-00ff"}},
+                       "status": {"readyToUse": true}}),
+            );
+        api.expect_idle().await;
+    });
+    result.unwrap();
+    let (result, ()) = tokio::join!(b.delete_snapshot(&snap), async {
+        api.expect("DELETE", &format!("{SNAPS}/relay-snap-00ff"))
+            .await
+            .not_found();
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_without_the_snapshot_api_is_failed_precondition() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let snap = snapshot_of(&vol, BTreeMap::new());
+    let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        let post = api.expect("POST", SNAPS).await;
+        assert!(post.body["spec"].get("volumeSnapshotClassName").is_none());
+        post.status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
+        api.expect("GET", "/apis/snapshot.storage.k8s.io/v1")
+            .await
+            .not_found();
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("no VolumeSnapshot API"), "{err}");
+    assert!(err.to_string().contains("member cluster east"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_not_ready_in_time_is_retryable() {
+    let (b, mut api) = east();
+    let b = b.with_wait(Duration::from_millis(400));
+    let vol = standard(&b);
+    let snap = snapshot_of(&vol, BTreeMap::new());
+    let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        api.expect("POST", SNAPS).await.created();
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.to_string().contains("not ready to use yet"), "{err}");
+}
+
+// ---- State: health, capacity, node source -----------------------------------
+
+#[tokio::test(start_paused = true)]
+async fn health_reads_the_member_pvc_and_remembers_an_outage() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let (h, ()) = tokio::join!(b.health(&vol), async {
+        api.expect("GET", &path)
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+    });
+    assert!(!h.abnormal && h.message.contains("Bound"), "{h:?}");
+    let (h, ()) = tokio::join!(b.health(&vol), async {
+        api.expect("GET", &path).await.ok(claim(&vol, "Lost", None));
+    });
+    assert!(h.abnormal && h.message.contains("Lost"), "{h:?}");
+    let (h, ()) = tokio::join!(b.health(&vol), async {
+        api.expect("GET", &path).await.not_found();
+    });
+    assert!(h.abnormal && h.message.contains("missing"), "{h:?}");
+    let (h, ()) = tokio::join!(b.health(&vol), async {
+        api.expect("GET", &path).await.refuse();
+    });
+    assert!(h.abnormal && h.message.contains("unreachable"), "{h:?}");
+    // Answered from memory: no request.
+    let (h, ()) = tokio::join!(b.health(&vol), api.expect_idle());
+    assert!(h.abnormal && h.message.contains("unreachable"), "{h:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn capacity_sums_the_member_storage_capacities_of_the_class() {
+    let (b, mut api) = east();
+    let typed = VolumeParams {
+        member_storage_class: Some("fast".into()),
+        ..Default::default()
+    };
+    let (report, ()) = tokio::join!(b.capacity_for(&typed, None), async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+            .await
+            .ok(class("WaitForFirstConsumer"));
+        api.expect("GET", "/apis/storage.k8s.io/v1/csistoragecapacities")
+            .await
+            .ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIStorageCapacityList",
+                "metadata": {}, "items": [
+                {"metadata": {"name": "a", "namespace": "x"}, "storageClassName": "fast",
+                 "capacity": "10Gi", "maximumVolumeSize": "4Gi"},
+                {"metadata": {"name": "b", "namespace": "x"}, "storageClassName": "fast",
+                 "capacity": "6Gi"},
+                {"metadata": {"name": "c", "namespace": "x"}, "storageClassName": "slow",
+                 "capacity": "100Gi"}]}),
+            );
+    });
+    assert_eq!(
+        report.unwrap(),
+        Some(CapacityReport {
+            available: 16 << 30,
+            maximum_volume_size: Some(6 << 30),
+        })
+    );
+    // Without a named class: the member's default class.
+    let none = VolumeParams::default();
+    let (report, ()) = tokio::join!(b.capacity_for(&none, None), async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses")
+            .await
+            .ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClassList",
+                "metadata": {}, "items": []}),
+            );
+    });
+    assert_eq!(report.unwrap(), None);
+}
+
+#[tokio::test]
+async fn node_source_comes_from_the_publish_context() {
+    let (b, _api) = east();
+    let mut vol = standard(&b);
+    assert_eq!(
+        b.node_source(&vol).unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    let pv: k8s_openapi::api::core::v1::PersistentVolume =
+        serde_json::from_value(nfs_pv()).unwrap();
+    let described = MemberSource::from_pv("east", &pv, None).unwrap();
+    attached_to(&mut vol, "host-1", described.to_context().unwrap());
+    assert_eq!(
+        b.node_source(&vol).unwrap(),
+        NodeSource::Member(Box::new(described))
+    );
+}

@@ -1,0 +1,392 @@
+//! The member PersistentVolumeClaim (and its StorageClass and PV): manifest,
+//! idempotent create, lookups, delete, resize.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+use crate::capability::{AccessMode, Capability};
+use crate::error::{CsiError, CsiResult};
+use crate::member::cluster::Cluster;
+use crate::member::naming::{self, MemberVolume};
+use crate::member::quantity;
+use crate::params::VolumeParams;
+use crate::volume::Volume;
+
+const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+
+/// The member PVC's access modes for the volume's capabilities.
+pub fn access_modes(caps: &[Capability]) -> Vec<String> {
+    let mut modes: Vec<String> = Vec::new();
+    for cap in caps {
+        let mode = match cap.mode {
+            AccessMode::SingleNodeWriter
+            | AccessMode::SingleNodeReaderOnly
+            | AccessMode::SingleNodeMultiWriter => "ReadWriteOnce",
+            AccessMode::SingleNodeSingleWriter => "ReadWriteOncePod",
+            AccessMode::MultiNodeReaderOnly => "ReadOnlyMany",
+            AccessMode::MultiNodeSingleWriter | AccessMode::MultiNodeMultiWriter => "ReadWriteMany",
+        };
+        if !modes.iter().any(|m| m == mode) {
+            modes.push(mode.to_string());
+        }
+    }
+    if modes.is_empty() {
+        modes.push("ReadWriteOnce".into());
+    }
+    modes
+}
+
+/// Where a new member PVC's initial content comes from (same namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSource {
+    /// A member VolumeSnapshot.
+    Snapshot(String),
+    /// Another member PVC (a clone).
+    Claim(String),
+}
+
+/// Everything a member PVC is made from.
+pub struct ClaimPlan<'a> {
+    pub vol: &'a Volume,
+    pub at: &'a MemberVolume,
+    pub params: &'a VolumeParams,
+    pub data_source: Option<DataSource>,
+    /// Set as `volume.kubernetes.io/selected-node` (WaitForFirstConsumer).
+    pub selected_node: Option<&'a str>,
+    pub driver_name: &'a str,
+}
+
+pub fn manifest(plan: &ClaimPlan<'_>) -> PersistentVolumeClaim {
+    let (labels, mut annotations) =
+        naming::pvc_metadata(plan.vol, &plan.at.uuid, plan.params, plan.driver_name);
+    if let Some(node) = plan.selected_node {
+        annotations.insert(naming::SELECTED_NODE_ANNOTATION.into(), node.to_string());
+    }
+    let block = plan.vol.capabilities.iter().any(Capability::is_block);
+    let data_source = plan.data_source.as_ref().map(|s| match s {
+        DataSource::Snapshot(name) => TypedLocalObjectReference {
+            api_group: Some(crate::member::snapshot::GROUP.into()),
+            kind: "VolumeSnapshot".into(),
+            name: name.clone(),
+        },
+        DataSource::Claim(name) => TypedLocalObjectReference {
+            api_group: None,
+            kind: "PersistentVolumeClaim".into(),
+            name: name.clone(),
+        },
+    });
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(plan.at.pvc.clone()),
+            namespace: Some(plan.at.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(access_modes(&plan.vol.capabilities)),
+            storage_class_name: plan.params.member_storage_class.clone(),
+            volume_mode: Some(if block { "Block" } else { "Filesystem" }.into()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(quantity::format_bytes(plan.vol.capacity_bytes)),
+                )])),
+                ..Default::default()
+            }),
+            data_source,
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn claims(cluster: &Cluster, namespace: &str) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(cluster.client(), namespace)
+}
+
+/// Creates the member PVC, or adopts the one a previous attempt created.
+pub async fn ensure(
+    cluster: &Cluster,
+    pvc: &PersistentVolumeClaim,
+    volume_id: &str,
+) -> CsiResult<PersistentVolumeClaim> {
+    let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
+    let name = pvc.metadata.name.clone().unwrap_or_default();
+    let api = claims(cluster, &namespace);
+    let what = format!("create PersistentVolumeClaim {namespace}/{name}");
+    if let Some(created) = cluster
+        .create(&what, api.create(&PostParams::default(), pvc))
+        .await?
+    {
+        return Ok(created);
+    }
+    // Already there: ours from an earlier attempt, or someone else's.
+    let existing = get(cluster, &namespace, &name).await?.ok_or_else(|| {
+        CsiError::Aborted(format!(
+            "{}: PersistentVolumeClaim {namespace}/{name} vanished while being created; retry",
+            cluster.label()
+        ))
+    })?;
+    let owner = existing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(naming::VOLUME_ID_ANNOTATION));
+    if owner.map(String::as_str) != Some(volume_id) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{}: PersistentVolumeClaim {namespace}/{name} exists but does not belong to volume {volume_id} (its {} is {owner:?})",
+            cluster.label(),
+            naming::VOLUME_ID_ANNOTATION
+        )));
+    }
+    if existing.metadata.deletion_timestamp.is_some() {
+        return Err(CsiError::Aborted(format!(
+            "{}: PersistentVolumeClaim {namespace}/{name} is being deleted; retry once it is gone",
+            cluster.label()
+        )));
+    }
+    Ok(existing)
+}
+
+pub async fn get(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+) -> CsiResult<Option<PersistentVolumeClaim>> {
+    cluster
+        .fetch(
+            &format!("get PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, namespace).get(name),
+        )
+        .await
+}
+
+/// Deletes the member PVC; already gone is success.
+pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult<()> {
+    cluster
+        .remove(
+            &format!("delete PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, namespace).delete(name, &DeleteParams::background()),
+        )
+        .await
+}
+
+pub async fn get_pv(cluster: &Cluster, name: &str) -> CsiResult<Option<PersistentVolume>> {
+    cluster
+        .fetch(
+            &format!("get PersistentVolume {name}"),
+            Api::<PersistentVolume>::all(cluster.client()).get(name),
+        )
+        .await
+}
+
+/// Tells the member's WaitForFirstConsumer provisioner which node to use.
+pub async fn select_node(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    node: &str,
+) -> CsiResult<()> {
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {naming::SELECTED_NODE_ANNOTATION: node}}
+    });
+    cluster
+        .run(
+            &format!("annotate PersistentVolumeClaim {namespace}/{name} with its selected node"),
+            claims(cluster, namespace).patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Raises the member PVC's storage request; returns the member's answer.
+pub async fn request_storage(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    bytes: u64,
+) -> CsiResult<PersistentVolumeClaim> {
+    let patch = serde_json::json!({
+        "spec": {"resources": {"requests": {"storage": quantity::format_bytes(bytes)}}}
+    });
+    cluster
+        .run(
+            &format!("resize PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, namespace).patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+}
+
+/// The named StorageClass (FAILED_PRECONDITION when the member has none of
+/// that name), or without a name the member's default one, if any.
+pub async fn storage_class(
+    cluster: &Cluster,
+    name: Option<&str>,
+) -> CsiResult<Option<StorageClass>> {
+    let api = Api::<StorageClass>::all(cluster.client());
+    if let Some(name) = name {
+        return match cluster
+            .fetch(&format!("get StorageClass {name}"), api.get(name))
+            .await?
+        {
+            Some(sc) => Ok(Some(sc)),
+            None => Err(CsiError::FailedPrecondition(format!(
+                "{} has no StorageClass {name:?} (parameter memberStorageClass)",
+                cluster.label()
+            ))),
+        };
+    }
+    let all = cluster
+        .run("list StorageClasses", api.list(&ListParams::default()))
+        .await?;
+    Ok(all.items.into_iter().find(|sc| {
+        sc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true")
+    }))
+}
+
+pub fn binds_late(sc: &StorageClass) -> bool {
+    sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer")
+}
+
+pub fn phase(pvc: &PersistentVolumeClaim) -> &str {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+pub fn bound_pv(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+pub fn annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
+    pvc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The capacity the member reports for the bound volume.
+pub fn capacity(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| quantity::parse_bytes(&q.0))
+}
+
+/// The member PVC's requested size.
+pub fn requested(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| quantity::parse_bytes(&q.0))
+}
+
+/// The member PVC's conditions as (type, message).
+pub fn conditions(pvc: &PersistentVolumeClaim) -> Vec<(String, String)> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (c.type_.clone(), c.message.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The member's resize state of "storage" (allocatedResourceStatuses).
+pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.allocated_resource_statuses.as_ref())
+        .and_then(|m| m.get("storage"))
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capability::AccessType;
+
+    fn cap(mode: AccessMode, block: bool) -> Capability {
+        Capability {
+            mode,
+            access: if block {
+                AccessType::Block
+            } else {
+                AccessType::Mount {
+                    fs_type: String::new(),
+                    mount_flags: vec![],
+                    volume_mount_group: String::new(),
+                }
+            },
+        }
+    }
+
+    #[test]
+    fn access_modes_follow_the_csi_modes() {
+        use AccessMode::*;
+        let cases: [(&[AccessMode], &[&str]); 5] = [
+            (&[SingleNodeWriter], &["ReadWriteOnce"]),
+            (&[SingleNodeSingleWriter], &["ReadWriteOncePod"]),
+            (&[MultiNodeReaderOnly], &["ReadOnlyMany"]),
+            (
+                &[MultiNodeMultiWriter, MultiNodeSingleWriter],
+                &["ReadWriteMany"],
+            ),
+            (
+                &[SingleNodeWriter, MultiNodeReaderOnly],
+                &["ReadWriteOnce", "ReadOnlyMany"],
+            ),
+        ];
+        for (modes, want) in cases {
+            let caps: Vec<Capability> = modes.iter().map(|m| cap(*m, false)).collect();
+            assert_eq!(access_modes(&caps), want, "{modes:?}");
+        }
+    }
+
+    #[test]
+    fn status_helpers_read_the_member_answer() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "x", "annotations": {"a": "b"}},
+            "spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": "2Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                       "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+                       "conditions": [{"type": "Resizing", "status": "True", "message": "m"}]}
+        }))
+        .unwrap();
+        assert_eq!(phase(&pvc), "Bound");
+        assert_eq!(bound_pv(&pvc), Some("pv-1"));
+        assert_eq!(capacity(&pvc), Some(1 << 30));
+        assert_eq!(requested(&pvc), Some(2 << 30));
+        assert_eq!(annotation(&pvc, "a"), Some("b"));
+        assert_eq!(resize_status(&pvc), Some("ControllerResizeInProgress"));
+        assert_eq!(
+            conditions(&pvc),
+            [("Resizing".to_string(), "m".to_string())]
+        );
+        assert_eq!(phase(&PersistentVolumeClaim::default()), "Pending");
+        let _ = cap(AccessMode::SingleNodeWriter, true);
+    }
+}

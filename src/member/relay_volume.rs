@@ -1,0 +1,423 @@
+//! `RelayVolume`: every volume's state, visible in the host cluster
+//! (`kubectl get relayvolumes`), and what a controller that lost its store
+//! rebuilds it from.
+//!
+//! The object is server-side applied, with one field manager per writer so
+//! their fields never clobber each other: the controller (`csi-relay`) owns
+//! the spec, the overall phase and each node's attachment; the node plugin
+//! on node N (`csi-relay-node-N`) owns N's entry's phase, staging path and
+//! targets. `status.nodes` is a list-map keyed by `node`, so applies of
+//! different writers merge per node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Mode;
+use crate::driver::{Driver, VolumeObserver};
+use crate::error::{CsiError, CsiResult};
+use crate::member::cluster::Cluster;
+use crate::member::naming::{self, MemberVolume};
+use crate::member::FIELD_MANAGER;
+use crate::volume::{Backing, Lifecycle, NodeRecord, Volume};
+
+pub const GROUP: &str = "relay.csi.dev";
+pub const VERSION: &str = "v1alpha1";
+/// Observer calls are on the RPC path: a slow host API costs at most this.
+pub const OBSERVER_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// Where a volume lives and what it is.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "relay.csi.dev",
+    version = "v1alpha1",
+    kind = "RelayVolume",
+    plural = "relayvolumes",
+    shortname = "rv",
+    status = "RelayVolumeStatus",
+    doc = "A csi-relay volume: where it lives and how far each node has got with it",
+    printcolumn = r#"{"name": "PHASE", "type": "string", "jsonPath": ".status.phase"}"#,
+    printcolumn = r#"{"name": "MEMBER", "type": "string", "jsonPath": ".spec.member"}"#,
+    printcolumn = r#"{"name": "MEMBER-PVC", "type": "string", "jsonPath": ".spec.memberPvc"}"#,
+    printcolumn = r#"{"name": "NODES", "type": "string", "jsonPath": ".status.nodeSummary"}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayVolumeSpec {
+    /// The CSI volume id.
+    pub volume_id: String,
+    /// The CSI volume name (the host PV's name).
+    pub volume_name: String,
+    pub capacity_bytes: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    /// namespace/name of the member PVC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_pvc: Option<String>,
+    /// namespace/name of the host PVC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_pvc: Option<String>,
+    /// The controller's record of the volume, to rebuild its store from.
+    #[schemars(schema_with = "opaque_object")]
+    pub record: serde_json::Value,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayVolumeStatus {
+    /// PROVISIONING, CREATED, NODE_READY, VOL_READY, PUBLISHED or DELETING.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// node=PHASE for every node the controller knows about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub nodes: Option<Vec<RelayNodeStatus>>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayNodeStatus {
+    pub node: String,
+    /// ControllerPublishVolume done (NODE_READY), written by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+    /// NODE_READY, VOL_READY or PUBLISHED, written by the node plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<String>>,
+}
+
+/// The CRD as YAML, for deploy/.
+pub fn crd_yaml() -> Result<String, String> {
+    serde_saphyr::to_string(&RelayVolume::crd()).map_err(|e| format!("render CRD: {e}"))
+}
+
+/// The object name of a volume: its id when that is a valid name.
+pub fn object_name(volume_id: &str) -> String {
+    if naming::is_dns_subdomain(volume_id) {
+        volume_id.to_string()
+    } else {
+        format!("v-{:016x}", naming::fnv64(volume_id))
+    }
+}
+
+/// The record as the controller rebuilds it: attachments only, no node-side
+/// mount state.
+fn controller_record(vol: &Volume) -> Volume {
+    let mut record = vol.clone();
+    record.nodes = vol
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.attachment.is_some())
+        .map(|(id, n)| {
+            (
+                id.clone(),
+                NodeRecord {
+                    attachment: n.attachment.clone(),
+                    stage: None,
+                    targets: BTreeMap::new(),
+                },
+            )
+        })
+        .collect();
+    record
+}
+
+fn overall_phase(vol: &Volume) -> String {
+    match vol.lifecycle {
+        Lifecycle::Provisioning => "PROVISIONING".into(),
+        Lifecycle::Deleting => "DELETING".into(),
+        Lifecycle::Ready => vol.phase().as_str().into(),
+    }
+}
+
+fn node_state(node: &str, n: &NodeRecord) -> RelayNodeStatus {
+    RelayNodeStatus {
+        node: node.to_string(),
+        phase: Some(n.phase().as_str().to_string()),
+        staging_path: n.stage.as_ref().map(|s| s.path.clone()),
+        targets: Some(n.targets.keys().cloned().collect()),
+        ..Default::default()
+    }
+}
+
+pub fn spec_of(vol: &Volume) -> CsiResult<RelayVolumeSpec> {
+    let (member, member_pvc) = match &vol.backing {
+        Backing::Member { .. } => {
+            let m = MemberVolume::of(vol)?;
+            (Some(m.member.clone()), Some(m.pvc_path()))
+        }
+        _ => (None, None),
+    };
+    let host_pvc = match (
+        vol.parameters.get("csi.storage.k8s.io/pvc/namespace"),
+        vol.parameters.get("csi.storage.k8s.io/pvc/name"),
+    ) {
+        (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+        _ => None,
+    };
+    Ok(RelayVolumeSpec {
+        volume_id: vol.id.clone(),
+        volume_name: vol.name.clone(),
+        capacity_bytes: vol.capacity_bytes.min(i64::MAX as u64) as i64,
+        member,
+        member_pvc,
+        host_pvc,
+        record: serde_json::to_value(controller_record(vol))
+            .map_err(|e| CsiError::Internal(format!("encode volume record: {e}")))?,
+    })
+}
+
+/// Who writes: the controller (with node state too when it also serves the
+/// node service, standalone), or the node plugin of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Controller { with_node_state: bool },
+    Node { node_id: String },
+}
+
+impl Role {
+    pub fn for_mode(mode: Mode, node_id: &str) -> Self {
+        match mode {
+            Mode::All => Role::Controller {
+                with_node_state: true,
+            },
+            Mode::Controller => Role::Controller {
+                with_node_state: false,
+            },
+            Mode::Node => Role::Node {
+                node_id: node_id.to_string(),
+            },
+        }
+    }
+
+    pub fn field_manager(&self) -> String {
+        match self {
+            Role::Controller { .. } => FIELD_MANAGER.to_string(),
+            Role::Node { node_id } => {
+                let m = format!("{FIELD_MANAGER}-node-{node_id}");
+                // The API server allows at most 128 characters.
+                if m.len() <= 128 {
+                    m
+                } else {
+                    format!("{FIELD_MANAGER}-node-{:016x}", naming::fnv64(node_id))
+                }
+            }
+        }
+    }
+}
+
+/// The status this writer owns for `vol`.
+pub fn status_of(vol: &Volume, role: &Role) -> RelayVolumeStatus {
+    match role {
+        Role::Controller { with_node_state } => {
+            let nodes = vol
+                .nodes
+                .iter()
+                .filter(|(_, n)| !n.is_empty())
+                .map(|(id, n)| {
+                    let mut s = if *with_node_state {
+                        node_state(id, n)
+                    } else {
+                        RelayNodeStatus {
+                            node: id.clone(),
+                            ..Default::default()
+                        }
+                    };
+                    s.attached = Some(n.attachment.is_some());
+                    s.readonly = n.attachment.as_ref().map(|a| a.readonly);
+                    s
+                })
+                .collect::<Vec<_>>();
+            let summary = vol
+                .nodes
+                .iter()
+                .filter(|(_, n)| !n.is_empty())
+                .map(|(id, n)| format!("{id}={}", n.phase().as_str()))
+                .collect::<Vec<_>>()
+                .join(",");
+            RelayVolumeStatus {
+                phase: Some(overall_phase(vol)),
+                node_summary: Some(summary),
+                nodes: Some(nodes),
+            }
+        }
+        Role::Node { node_id } => RelayVolumeStatus {
+            phase: None,
+            node_summary: None,
+            nodes: Some(
+                vol.node(node_id)
+                    .filter(|n| !n.is_empty())
+                    .map(|n| node_state(node_id, n))
+                    .into_iter()
+                    .collect(),
+            ),
+        },
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> CsiResult<serde_json::Value> {
+    serde_json::to_value(value).map_err(|e| CsiError::Internal(format!("encode RelayVolume: {e}")))
+}
+
+fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "RelayVolume",
+        "metadata": {"name": name},
+        field: value,
+    })
+}
+
+/// Mirrors volume records into RelayVolumes in the host cluster.
+pub struct RelayVolumeObserver {
+    host: Cluster,
+    role: Role,
+}
+
+impl RelayVolumeObserver {
+    pub fn new(host: Cluster, role: Role) -> Self {
+        RelayVolumeObserver {
+            host: host.with_timeout(OBSERVER_TIMEOUT),
+            role,
+        }
+    }
+
+    fn api(&self) -> Api<RelayVolume> {
+        Api::all(self.host.client())
+    }
+
+    /// Applies this writer's view of `vol`.
+    pub async fn apply(&self, vol: &Volume) -> CsiResult<()> {
+        let name = object_name(&vol.id);
+        let params = PatchParams::apply(&self.role.field_manager()).force();
+        if let Role::Controller { .. } = self.role {
+            let mut body = apply_body(&name, "spec", encode(&spec_of(vol)?)?);
+            body["metadata"]["labels"] = serde_json::json!({naming::MANAGED_BY: naming::MANAGER});
+            self.host
+                .run(
+                    &format!("apply RelayVolume {name}"),
+                    self.api().patch(&name, &params, &Patch::Apply(&body)),
+                )
+                .await?;
+        }
+        let body = apply_body(&name, "status", encode(&status_of(vol, &self.role))?);
+        let what = format!("apply RelayVolume {name} status");
+        let api = self.api();
+        let patch = Patch::Apply(&body);
+        let call = api.patch_status(&name, &params, &patch);
+        match self.role {
+            Role::Controller { .. } => self.host.run(&what, call).await.map(|_| ()),
+            // A node may get ahead of the controller's first apply; the
+            // next change catches up.
+            Role::Node { .. } => self.host.fetch(&what, call).await.map(|_| ()),
+        }
+    }
+
+    /// Removes `vol`'s object (controller) or this node's entry (node).
+    pub async fn remove(&self, vol: &Volume) -> CsiResult<()> {
+        let name = object_name(&vol.id);
+        match &self.role {
+            Role::Controller { .. } => {
+                self.host
+                    .remove(
+                        &format!("delete RelayVolume {name}"),
+                        self.api().delete(&name, &DeleteParams::default()),
+                    )
+                    .await
+            }
+            Role::Node { .. } => {
+                let params = PatchParams::apply(&self.role.field_manager()).force();
+                let body = apply_body(&name, "status", serde_json::json!({"nodes": []}));
+                self.host
+                    .fetch(
+                        &format!("apply RelayVolume {name} status"),
+                        self.api()
+                            .patch_status(&name, &params, &Patch::Apply(&body)),
+                    )
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl VolumeObserver for RelayVolumeObserver {
+    async fn changed(&self, vol: &Volume) {
+        if vol.ephemeral {
+            return;
+        }
+        if let Err(e) = self.apply(vol).await {
+            tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not updated");
+        }
+    }
+
+    async fn removed(&self, vol: &Volume) {
+        if vol.ephemeral {
+            return;
+        }
+        if let Err(e) = self.remove(vol).await {
+            tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not removed");
+        }
+    }
+}
+
+/// Restores the volume records the store lacks from the host cluster's
+/// RelayVolumes (a controller whose state directory was lost). Returns how
+/// many were restored.
+pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
+    let list = host
+        .fetch(
+            "list RelayVolumes",
+            Api::<RelayVolume>::all(host.client()).list(&ListParams::default()),
+        )
+        .await?
+        .ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "{}: the RelayVolume API ({GROUP}/{VERSION}) is not served; install its CRD: csi-relay crd | kubectl apply -f -",
+                host.label()
+            ))
+        })?;
+    let mut restored = 0;
+    for item in list.items {
+        let vol: Volume = match serde_json::from_value(item.spec.record.clone()) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(volume_id = %item.spec.volume_id, error = %e, "RelayVolume record unreadable; skipped");
+                continue;
+            }
+        };
+        let id = vol.id.clone();
+        if driver.db(move |s| s.volume(&id)).await?.is_some() {
+            continue;
+        }
+        let record = vol.clone();
+        driver.db(move |s| s.put_volume(&record)).await?;
+        tracing::info!(volume_id = %vol.id, name = %vol.name, "volume record restored from its RelayVolume");
+        restored += 1;
+    }
+    Ok(restored)
+}
+
+#[cfg(test)]
+#[path = "relay_volume_tests.rs"]
+mod tests;
