@@ -30,9 +30,10 @@ pub fn id<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
     Ok(value)
 }
 
-/// An absolute path the CO owns (staging or target path). It must be
-/// normalised: no `..`, no `.`, no NUL, bounded length.
-pub fn path<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
+/// An absolute path the CO owns (staging or target path): no `..`, no NUL,
+/// bounded length. Returned in normal form (no `.`, `//` or trailing `/`) so
+/// that two spellings of one path are one record.
+pub fn path(value: &str, field: &'static str) -> CsiResult<String> {
     if value.is_empty() {
         return Err(CsiError::Missing(field));
     }
@@ -66,7 +67,10 @@ pub fn path<'a>(value: &'a str, field: &'static str) -> CsiResult<&'a str> {
             "the filesystem root cannot be used",
         ));
     }
-    Ok(value)
+    Ok(p.components()
+        .collect::<std::path::PathBuf>()
+        .to_string_lossy()
+        .into_owned())
 }
 
 /// A string map (parameters, contexts) within the spec's size limit.

@@ -633,7 +633,7 @@ async fn ext4_volume_expands_online() {
     if !has_capability(CAP_SYS_RESOURCE) {
         // ext4's online resize ioctl needs CAP_SYS_RESOURCE: without it the
         // node must report the failure, not claim success.
-        eprintln!("skipped: online ext4 growth needs CAP_SYS_RESOURCE, which this process lacks");
+        common::skip("online ext4 growth needs CAP_SYS_RESOURCE, which this process lacks");
         let st = expect_code(
             d.node().node_expand_volume(req).await,
             Code::Internal,
@@ -686,7 +686,7 @@ async fn ext4_volume_expands_online() {
 async fn xfs_volume_lifecycle_and_online_expansion() {
     require_mounts!();
     if !Path::new("/usr/sbin/mkfs.xfs").exists() && !Path::new("/sbin/mkfs.xfs").exists() {
-        eprintln!("skipped: mkfs.xfs is not installed (xfsprogs)");
+        common::skip("mkfs.xfs is not installed (xfsprogs)");
         return;
     }
     let d = Driver::start(&[]).await;

@@ -17,7 +17,7 @@ pub async fn publish(
     req: csi::NodePublishVolumeRequest,
 ) -> CsiResult<csi::NodePublishVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
-    let target = validate::path(&req.target_path, "target_path")?.to_string();
+    let target = validate::path(&req.target_path, "target_path")?;
     let cap = Capability::required(req.volume_capability.as_ref(), "volume_capability")?;
     validate::map(&req.publish_context, "publish_context")?;
     validate::map(&req.volume_context, "volume_context")?;
@@ -26,7 +26,7 @@ pub async fn publish(
     let staging = if is_ephemeral {
         String::new()
     } else {
-        validate::path(&req.staging_target_path, "staging_target_path")?.to_string()
+        validate::path(&req.staging_target_path, "staging_target_path")?
     };
     // Before anything is recorded or created (an inline volume included).
     mounter::check_path(&target, &d.config.state_dir, "target_path")?;
@@ -113,7 +113,7 @@ pub async fn unpublish(
     req: csi::NodeUnpublishVolumeRequest,
 ) -> CsiResult<csi::NodeUnpublishVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
-    let target = validate::path(&req.target_path, "target_path")?.to_string();
+    let target = validate::path(&req.target_path, "target_path")?;
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;

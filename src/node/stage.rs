@@ -35,7 +35,7 @@ pub async fn stage(
     req: csi::NodeStageVolumeRequest,
 ) -> CsiResult<csi::NodeStageVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
-    let path = validate::path(&req.staging_target_path, "staging_target_path")?.to_string();
+    let path = validate::path(&req.staging_target_path, "staging_target_path")?;
     let cap = Capability::required(req.volume_capability.as_ref(), "volume_capability")?;
     validate::map(&req.publish_context, "publish_context")?;
     validate::map(&req.volume_context, "volume_context")?;
@@ -90,7 +90,7 @@ pub async fn unstage(
     req: csi::NodeUnstageVolumeRequest,
 ) -> CsiResult<csi::NodeUnstageVolumeResponse> {
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
-    let path = validate::path(&req.staging_target_path, "staging_target_path")?.to_string();
+    let path = validate::path(&req.staging_target_path, "staging_target_path")?;
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;

@@ -90,9 +90,36 @@ impl Driver {
         }
     }
 
+    /// SIGTERM, then waits without blocking the runtime, so this test's
+    /// client connections can answer the server's graceful shutdown.
+    pub async fn stop_gracefully(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        assert!(
+                            status.success(),
+                            "csi-relay exited with {status} on SIGTERM"
+                        );
+                        break;
+                    }
+                    _ if Instant::now() > deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        panic!("csi-relay did not stop within 10 s of SIGTERM");
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        }
+    }
+
     /// Starts a new process on the same state dir and socket.
     pub async fn restart(&mut self) {
-        self.stop();
+        self.stop_gracefully().await;
         self.start_again().await;
     }
 
@@ -201,11 +228,20 @@ pub fn can_mount() -> Result<(), String> {
     Ok(())
 }
 
+/// Says "skipped: <why>" on the real stderr: libtest captures `eprintln!`
+/// of passing tests, and a skip must never pass silently.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+}
+
 #[macro_export]
 macro_rules! require_mounts {
     () => {
         if let Err(why) = common::can_mount() {
-            eprintln!("skipped: {why}: this test needs real mount(2) and loop devices");
+            common::skip(&format!(
+                "{why}: this test needs real mount(2) and loop devices"
+            ));
             return;
         }
     };
