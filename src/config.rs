@@ -132,6 +132,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub host_kubeconfig: Option<PathBuf>,
 
+    /// kubelet's plugins directory on this node: a member PersistentVolume of
+    /// CSI driver D is staged and published through D's node plugin at
+    /// <DIR>/<D>/csi.sock.
+    #[arg(long, value_name = "DIR", env = "CSI_PLUGINS_DIR", default_value = crate::node::member_plugin::DEFAULT_PLUGINS_DIR)]
+    pub plugins_dir: PathBuf,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -1,6 +1,7 @@
 //! What every service shares: settings, the state store, the backend and the
 //! per-volume in-flight limiter.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::backend::Backend;
@@ -26,6 +27,10 @@ pub struct Driver {
     pub backend: Arc<dyn Backend>,
     pub limiter: Limiter,
     pub observers: Vec<Arc<dyn VolumeObserver>>,
+    /// Where other CSI drivers' node plugins listen on this node
+    /// (`<dir>/<driver name>/csi.sock`): member PVs of those drivers are
+    /// served through them.
+    pub plugins_dir: PathBuf,
 }
 
 impl Driver {
@@ -36,7 +41,13 @@ impl Driver {
             backend,
             limiter: Limiter::default(),
             observers: Vec::new(),
+            plugins_dir: PathBuf::from(crate::node::member_plugin::DEFAULT_PLUGINS_DIR),
         }
+    }
+
+    pub fn with_plugins_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugins_dir = dir.into();
+        self
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn VolumeObserver>) -> Self {

@@ -61,6 +61,15 @@ impl MemberBackend {
         self.members.keys().map(String::as_str).collect()
     }
 
+    /// The member, when exactly one is configured.
+    fn only_member(&self) -> Option<String> {
+        let mut names = self.members.keys();
+        match (names.next(), names.next()) {
+            (Some(only), None) => Some(only.clone()),
+            _ => None,
+        }
+    }
+
     fn cluster(&self, name: &str) -> CsiResult<&Cluster> {
         self.members.get(name).ok_or_else(|| {
             CsiError::FailedPrecondition(format!(
@@ -92,27 +101,26 @@ impl MemberBackend {
             .iter()
             .filter_map(|s| s.get(TOPOLOGY_MEMBER_KEY))
             .collect();
-        let member = match &params.member {
-            Some(m) => m.clone(),
-            None => match named.iter().find(|m| self.members.contains_key(m.as_str())) {
-                Some(m) => (*m).clone(),
-                None if !named.is_empty() => {
-                    return Err(CsiError::ResourceExhausted(format!(
-                        "the requested topology names member clusters {named:?}, none of which is configured (configured: {:?})",
+        let configured = named.iter().find(|m| self.members.contains_key(m.as_str()));
+        let member = match (&params.member, configured, self.only_member()) {
+            (Some(m), _, _) => m.clone(),
+            (None, Some(m), _) => (*m).clone(),
+            (None, None, _) if !named.is_empty() => {
+                return Err(CsiError::ResourceExhausted(format!(
+                    "the requested topology names member clusters {named:?}, none of which is configured (configured: {:?})",
+                    self.names()
+                )))
+            }
+            (None, None, Some(only)) => only,
+            (None, None, None) => {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!(
+                        "member is not set and the accessibility requirements name no member cluster ({TOPOLOGY_MEMBER_KEY}); configured: {:?}",
                         self.names()
-                    )))
-                }
-                None if self.members.len() == 1 => self.names()[0].to_string(),
-                None => {
-                    return Err(CsiError::invalid(
-                        "parameters",
-                        format!(
-                            "member is not set and the accessibility requirements name no member cluster ({TOPOLOGY_MEMBER_KEY}); configured: {:?}",
-                            self.names()
-                        ),
-                    ))
-                }
-            },
+                    ),
+                ))
+            }
         };
         let accepts =
             |s: &&HashMap<String, String>| s.get(TOPOLOGY_MEMBER_KEY).is_none_or(|m| m == &member);
@@ -293,7 +301,7 @@ impl Backend for MemberBackend {
             .member
             .clone()
             .or_else(|| segments.and_then(|s| s.get(TOPOLOGY_MEMBER_KEY)).cloned())
-            .or_else(|| (self.members.len() == 1).then(|| self.names()[0].to_string()));
+            .or_else(|| self.only_member());
         let Some(member) = member else {
             return Ok(None);
         };

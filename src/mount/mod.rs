@@ -4,6 +4,7 @@
 pub mod filesystem;
 pub mod loopdev;
 pub mod mountinfo;
+pub mod nfs;
 pub mod options;
 pub mod syscalls;
 pub mod target_path;

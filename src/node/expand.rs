@@ -3,13 +3,15 @@
 
 use std::path::Path;
 
+use crate::capability::Capability;
 use crate::csi;
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
 use crate::mount::{filesystem, loopdev};
+use crate::node::{member, source};
 use crate::validate;
-use crate::volume::Backing;
+use crate::volume::{Backing, Volume};
 
 pub async fn expand(
     d: &Driver,
@@ -31,6 +33,9 @@ pub async fn expand(
             "volume {id:?} is neither staged nor published at {:?} on this node",
             req.volume_path
         )));
+    }
+    if let Backing::Member { .. } = &vol.backing {
+        return expand_member(d, &vol, &req).await;
     }
     let Backing::BlockFile { fs_type } = &vol.backing else {
         // A directory volume has no device or filesystem of its own to grow.
@@ -60,5 +65,48 @@ pub async fn expand(
     tracing::info!(volume_id = %id, bytes = size, "volume expanded on node");
     Ok(csi::NodeExpandVolumeResponse {
         capacity_bytes: size as i64,
+    })
+}
+
+/// A member volume grows in the member cluster; on this node only a member
+/// CSI volume's own plugin may have work to do (a filesystem to grow).
+async fn expand_member(
+    d: &Driver,
+    vol: &Volume,
+    req: &csi::NodeExpandVolumeRequest,
+) -> CsiResult<csi::NodeExpandVolumeResponse> {
+    let node_id = &d.config.node_id;
+    let requested = req
+        .capacity_range
+        .as_ref()
+        .map_or(0, |r| r.required_bytes.max(0));
+    let unchanged = csi::NodeExpandVolumeResponse {
+        capacity_bytes: requested.max(vol.capacity_bytes.min(i64::MAX as u64) as i64),
+    };
+    let src = source::of(d, vol, node_id)?;
+    let Some(v) = source::proxied(&src) else {
+        return Ok(unchanged);
+    };
+    let node = vol.node(node_id);
+    let stage = node.and_then(|n| n.stage.as_ref());
+    let cap = match req.volume_capability.as_ref() {
+        Some(c) => Some(Capability::from_wire(c, "volume_capability")?),
+        None => stage.map(|s| s.capability.clone()),
+    };
+    let staging = stage.map(|s| Path::new(&s.path));
+    let grown = member::expand_proxied(
+        d,
+        &v,
+        Path::new(&req.volume_path),
+        staging,
+        req.capacity_range,
+        cap.as_ref(),
+    )
+    .await?;
+    Ok(match grown {
+        Some(bytes) => csi::NodeExpandVolumeResponse {
+            capacity_bytes: bytes,
+        },
+        None => unchanged,
     })
 }

@@ -16,7 +16,8 @@ use crate::mount::{filesystem, loopdev, mountinfo, syscalls, target_path};
 /// Name of the bind-mounted device node inside a raw-block staging path.
 pub const BLOCK_DEVICE_FILE: &str = "device";
 
-fn guard(path: &Path, field: &'static str) -> CsiResult<PathBuf> {
+/// Resolves a staging or target path and refuses system paths.
+pub fn guard(path: &Path, field: &'static str) -> CsiResult<PathBuf> {
     target_path::check(path).map_err(|e| match e.kind() {
         io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
         _ => CsiError::io("resolve", path, e),
@@ -65,7 +66,7 @@ fn mounted(path: &Path) -> CsiResult<bool> {
         .is_some())
 }
 
-fn ensure_dir(path: &Path) -> CsiResult<()> {
+pub fn ensure_dir(path: &Path) -> CsiResult<()> {
     fs::create_dir_all(path).map_err(|e| CsiError::io("create directory", path, e))
 }
 
@@ -135,9 +136,12 @@ pub async fn stage(
             }
             Ok(None)
         }
-        NodeSource::Member(m) => Err(CsiError::FailedPrecondition(format!(
-            "member volume source {} is not supported on this node yet",
-            m.kind.name()
+        // Member sources need the driver's settings: `node::source` routes
+        // them to `node::member`.
+        NodeSource::Member(m) => Err(CsiError::Internal(format!(
+            "member {} source of PersistentVolume {} reached the local mounter",
+            m.kind.name(),
+            m.pv
         ))),
         NodeSource::BlockFile(file) => {
             let attached_before =

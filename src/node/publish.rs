@@ -7,7 +7,7 @@ use crate::csi;
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
-use crate::node::{ephemeral, mounter, stage};
+use crate::node::{ephemeral, member, mounter, source, stage};
 use crate::state::{self, StagingRule, Step};
 use crate::validate;
 use crate::volume::Progress;
@@ -64,24 +64,15 @@ pub async fn publish(
             *next
         }
     };
-    let from = if next.ephemeral {
-        ephemeral::data_dir(d, &next)?
-    } else {
-        mounter::staged_source(Path::new(&staging), &cap)
-    };
     // A read-only stage stays read-only in every publication: a bind
     // remount without MS_RDONLY would make the new mount writable again.
     let readonly = req.readonly || stage::staged_readonly(&next, &node_id, &cap);
-    // Binding a staging path whose mount is gone would hand the workload an
-    // empty directory on the node's own disk instead of the volume.
-    let published = if !next.ephemeral && !mounter::is_mounted(&from) {
-        Err(CsiError::FailedPrecondition(format!(
-            "volume {id:?} is recorded as staged at {staging:?} but nothing is mounted at {}; \
-             NodeStageVolume must be repeated first",
-            from.display()
-        )))
-    } else {
-        mounter::publish(&from, Path::new(&target), &cap, readonly)
+    let staging = (!next.ephemeral).then(|| Path::new(&staging));
+    let published = match source::of(d, &next, &node_id) {
+        Ok(src) => {
+            source::publish(d, &src, &next, staging, Path::new(&target), &cap, readonly).await
+        }
+        Err(e) => Err(e),
     };
     match published {
         Ok(()) => {
@@ -97,11 +88,7 @@ pub async fn publish(
                 .is_some_and(|p| p.progress != Progress::Done);
             if pending {
                 let rolled_back = state::publish_removed(&next, &node_id, &target);
-                if rolled_back.ephemeral && rolled_back.nodes.is_empty() {
-                    ephemeral::remove(d, &rolled_back).await?;
-                } else {
-                    d.put_volume(&rolled_back).await?;
-                }
+                settle(d, &rolled_back, &node_id).await?;
             }
             Err(e)
         }
@@ -117,18 +104,35 @@ pub async fn unpublish(
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = d.volume(&id).await?;
+    let vol = match stage::find(d, &id).await? {
+        Some(v) => v,
+        None if stage::nothing_to_undo(d, &target) => {
+            return Ok(csi::NodeUnpublishVolumeResponse {})
+        }
+        None => return Err(CsiError::VolumeNotFound(id)),
+    };
     let Step::Next(next) = state::node_unpublish(&vol, &node_id, &target) else {
         return Ok(csi::NodeUnpublishVolumeResponse {});
     };
     d.put_volume(&next).await?;
-    mounter::unpublish(Path::new(&target))?;
-    let done = state::publish_removed(&next, &node_id, &target);
-    if done.ephemeral && done.nodes.is_empty() {
-        ephemeral::remove(d, &done).await?;
-    } else {
-        d.put_volume(&done).await?;
-    }
+    let src = source::for_teardown(d, &next, &node_id)?;
+    source::unpublish(d, &src, Path::new(&target)).await?;
+    settle(
+        d,
+        &state::publish_removed(&next, &node_id, &target),
+        &node_id,
+    )
+    .await?;
     tracing::info!(volume_id = %id, target = %target, "volume unpublished");
     Ok(csi::NodeUnpublishVolumeResponse {})
+}
+
+/// Commits a record after a publication went away: an ephemeral volume
+/// nothing uses is deleted, a node-local member record is kept or dropped.
+async fn settle(d: &Driver, vol: &crate::volume::Volume, node_id: &str) -> CsiResult<()> {
+    if vol.ephemeral && vol.nodes.is_empty() {
+        ephemeral::remove(d, vol).await
+    } else {
+        member::commit(d, vol, node_id).await
+    }
 }

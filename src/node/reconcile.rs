@@ -6,19 +6,25 @@
 //! restored; if that fails the volume stays recorded and NodeGetVolumeStats
 //! reports it abnormal. Loop devices on this driver's volume files that no
 //! record accounts for are detached.
+//!
+//! Member volumes follow the same rules: NFS and bind mounts are redone
+//! here, a member CSI volume's lost stage or publication is asked of its
+//! node plugin again (NodeStage / NodePublish are idempotent) and its
+//! interrupted ones are unpublished / unstaged through it. A node-local
+//! record nothing uses any more is dropped.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::driver::Driver;
-use crate::error::CsiResult;
+use crate::error::{CsiError, CsiResult};
 use crate::mount::loopdev;
 use crate::node::{
-    ephemeral, mounter,
+    ephemeral, member, mounter, source,
     stage::{default_fs, staged_readonly},
 };
 use crate::state;
-use crate::volume::{Progress, Volume};
+use crate::volume::{Backing, Progress, Volume};
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
@@ -69,23 +75,50 @@ async fn reconcile_volume(
     let Some(node) = vol.node(node_id).cloned() else {
         return Ok(vol);
     };
-    let source = d.backend.node_source(&vol)?;
+    // Restoring needs the exact source; undoing interrupted work can do
+    // with an unmount when a member volume's description is gone.
+    let exact = match source::of(d, &vol, node_id) {
+        Ok(s) => Some(s),
+        Err(e) if matches!(vol.backing, Backing::Member { .. }) => {
+            tracing::error!(volume_id = %vol.id, error = %e, "member volume source unknown; its mounts cannot be restored");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let teardown = match &exact {
+        Some(s) => s.clone(),
+        None => match source::for_teardown(d, &vol, node_id) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(volume_id = %vol.id, error = %e, "volume left as recorded");
+                report.failed += 1;
+                return Ok(vol);
+            }
+        },
+    };
     // 1. A finished stage comes back first: publications are bound from it.
     let mut stage_ok = true;
     if let Some(stage) = node.stage.as_ref().filter(|s| s.progress == Progress::Done) {
-        if !mounter::is_mounted(&mounter::staged_source(
-            Path::new(&stage.path),
-            &stage.capability,
-        )) {
-            match mounter::stage(
-                &source,
-                Path::new(&stage.path),
-                &stage.capability,
-                default_fs(&vol),
-                staged_readonly(&vol, node_id, &stage.capability),
-            )
-            .await
-            {
+        let staging = Path::new(&stage.path);
+        let lost = exact
+            .as_ref()
+            .is_none_or(|s| !source::staged(s, staging, &stage.capability));
+        if lost {
+            let restored = match &exact {
+                Some(s) => {
+                    source::stage(
+                        d,
+                        s,
+                        staging,
+                        &stage.capability,
+                        default_fs(&vol),
+                        staged_readonly(&vol, node_id, &stage.capability),
+                    )
+                    .await
+                }
+                None => Err(CsiError::FailedPrecondition("source unknown".into())),
+            };
+            match restored {
                 Ok(device) => {
                     vol = state::stage_done(&vol, node_id, device);
                     report.restored += 1;
@@ -102,32 +135,38 @@ async fn reconcile_volume(
     for (target, publication) in &node.targets {
         let path = Path::new(target);
         match publication.progress {
-            Progress::Applying | Progress::Removing => match mounter::unpublish(path) {
-                Ok(()) => {
-                    vol = state::publish_removed(&vol, node_id, target);
-                    report.rolled_back += 1;
+            Progress::Applying | Progress::Removing => {
+                match source::unpublish(d, &teardown, path).await {
+                    Ok(()) => {
+                        vol = state::publish_removed(&vol, node_id, target);
+                        report.rolled_back += 1;
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume_id = %vol.id, target, error = %e, "rollback of interrupted publish failed");
+                        report.failed += 1;
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(volume_id = %vol.id, target, error = %e, "rollback of interrupted publish failed");
-                    report.failed += 1;
-                }
-            },
+            }
             Progress::Done if stage_ok && !mounter::is_mounted(path) => {
-                let from = match (&vol.ephemeral, &node.stage) {
-                    (true, _) => ephemeral::data_dir(d, &vol),
-                    (false, Some(s)) => Ok(mounter::staged_source(
-                        Path::new(&s.path),
-                        &publication.capability,
-                    )),
-                    (false, None) => Err(crate::error::CsiError::Internal(
-                        "publication without stage".into(),
-                    )),
+                let readonly =
+                    publication.readonly || staged_readonly(&vol, node_id, &publication.capability);
+                let staging = node.stage.as_ref().map(|s| Path::new(&s.path));
+                let restored = match &exact {
+                    Some(s) => {
+                        source::publish(
+                            d,
+                            s,
+                            &vol,
+                            staging,
+                            path,
+                            &publication.capability,
+                            readonly,
+                        )
+                        .await
+                    }
+                    None => Err(CsiError::FailedPrecondition("source unknown".into())),
                 };
-                match from.and_then(|f| {
-                    let readonly = publication.readonly
-                        || staged_readonly(&vol, node_id, &publication.capability);
-                    mounter::publish(&f, path, &publication.capability, readonly)
-                }) {
+                match restored {
                     Ok(()) => report.restored += 1,
                     Err(e) => {
                         tracing::error!(volume_id = %vol.id, target, error = %e, "could not restore publication");
@@ -142,7 +181,7 @@ async fn reconcile_volume(
     if let Some(stage) = node.stage.as_ref().filter(|s| s.progress != Progress::Done) {
         let published = vol.node(node_id).is_some_and(|n| !n.targets.is_empty());
         if !published {
-            match mounter::unstage(&source, Path::new(&stage.path), &stage.capability).await {
+            match source::unstage(d, &teardown, Path::new(&stage.path), &stage.capability).await {
                 Ok(()) => {
                     vol = state::stage_removed(&vol, node_id);
                     report.rolled_back += 1;
@@ -157,7 +196,7 @@ async fn reconcile_volume(
     if vol.ephemeral && vol.nodes.is_empty() {
         ephemeral::remove(d, &vol).await?;
     } else {
-        d.put_volume(&vol).await?;
+        member::commit(d, &vol, node_id).await?;
     }
     Ok(vol)
 }

@@ -5,9 +5,9 @@ use std::path::Path;
 use crate::capability::Capability;
 use crate::csi;
 use crate::driver::Driver;
-use crate::error::CsiResult;
+use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
-use crate::node::mounter;
+use crate::node::{member, mounter, source};
 use crate::state::{self, Step};
 use crate::validate;
 use crate::volume::{Backing, Progress, Volume};
@@ -30,6 +30,21 @@ pub fn staged_readonly(vol: &Volume, node_id: &str, cap: &Capability) -> bool {
             .is_some_and(|a| a.readonly)
 }
 
+/// The record of `id`, if this node's store holds one.
+pub async fn find(d: &Driver, id: &str) -> CsiResult<Option<Volume>> {
+    let key = id.to_string();
+    d.db(move |s| s.volume(&key)).await
+}
+
+/// A node plugin (`--mode node`) that holds no record of a volume may
+/// still be asked to unwind it: its node-local member record is dropped
+/// once the volume is unstaged, and the CO repeats an unstage or unpublish
+/// whose answer it lost. Nothing mounted at `path` means there is nothing
+/// left to do. A store shared with a controller keeps NOT_FOUND.
+pub fn nothing_to_undo(d: &Driver, path: &str) -> bool {
+    !d.config.mode.controller() && !mounter::is_mounted(Path::new(path))
+}
+
 pub async fn stage(
     d: &Driver,
     req: csi::NodeStageVolumeRequest,
@@ -44,13 +59,21 @@ pub async fn stage(
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = d.volume(&id).await?;
+    let vol = match find(d, &id).await? {
+        Some(v) if !member::is_node_local(&v) || member::in_use(&v, &node_id) => v,
+        // Unknown here (or a node-local record nothing uses): a member
+        // volume is described by the request itself.
+        _ => member::adopt(d, &id, &req.publish_context, &req.volume_context, &cap)?,
+    };
     // Attachment is recorded by this process's controller only when both
-    // services share the store (standalone `--mode all`).
-    let attach_required = d.config.mode.controller();
+    // services share the store (standalone `--mode all`); a node-local
+    // record's attachment is the controller's publish_context.
+    let attach_required = d.config.mode.controller() || member::is_node_local(&vol);
     let next = match state::node_stage(&vol, &node_id, &path, &cap, attach_required)? {
         Step::Unchanged => {
-            if mounter::is_mounted(&mounter::staged_source(Path::new(&path), &cap)) {
+            let still_there = source::of(d, &vol, &node_id)
+                .is_ok_and(|s| source::staged(&s, Path::new(&path), &cap));
+            if still_there {
                 return Ok(csi::NodeStageVolumeResponse {});
             }
             // Recorded as staged but the mount is gone: stage again.
@@ -62,9 +85,14 @@ pub async fn stage(
             *next
         }
     };
-    let source = d.backend.node_source(&next)?;
     let readonly = staged_readonly(&next, &node_id, &cap);
-    match mounter::stage(&source, Path::new(&path), &cap, default_fs(&next), readonly).await {
+    let staged = match source::of(d, &next, &node_id) {
+        Ok(src) => {
+            source::stage(d, &src, Path::new(&path), &cap, default_fs(&next), readonly).await
+        }
+        Err(e) => Err(e),
+    };
+    match staged {
         Ok(device) => {
             d.put_volume(&state::stage_done(&next, &node_id, device))
                 .await?;
@@ -72,13 +100,14 @@ pub async fn stage(
             Ok(csi::NodeStageVolumeResponse {})
         }
         Err(e) => {
-            // Forget the intent: nothing is staged, a retry starts afresh.
+            // Forget the intent: nothing is staged, a retry starts afresh
+            // (and a node-local record nothing uses is dropped).
             if next
                 .node(&node_id)
                 .and_then(|n| n.stage.as_ref())
                 .is_some_and(|s| s.progress != Progress::Done)
             {
-                d.put_volume(&state::stage_removed(&next, &node_id)).await?;
+                member::commit(d, &state::stage_removed(&next, &node_id), &node_id).await?;
             }
             Err(e)
         }
@@ -94,7 +123,11 @@ pub async fn unstage(
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = d.volume(&id).await?;
+    let vol = match find(d, &id).await? {
+        Some(v) => v,
+        None if nothing_to_undo(d, &path) => return Ok(csi::NodeUnstageVolumeResponse {}),
+        None => return Err(CsiError::VolumeNotFound(id)),
+    };
     let Step::Next(next) = state::node_unstage(&vol, &node_id, &path)? else {
         return Ok(csi::NodeUnstageVolumeResponse {});
     };
@@ -103,10 +136,10 @@ pub async fn unstage(
         .node(&node_id)
         .and_then(|n| n.stage.as_ref())
         .map(|s| s.capability.clone())
-        .ok_or_else(|| crate::error::CsiError::Internal("stage record vanished".into()))?;
-    let source = d.backend.node_source(&next)?;
-    mounter::unstage(&source, Path::new(&path), &cap).await?;
-    d.put_volume(&state::stage_removed(&next, &node_id)).await?;
+        .ok_or_else(|| CsiError::Internal("stage record vanished".into()))?;
+    let src = source::for_teardown(d, &next, &node_id)?;
+    source::unstage(d, &src, Path::new(&path), &cap).await?;
+    member::commit(d, &state::stage_removed(&next, &node_id), &node_id).await?;
     tracing::info!(volume_id = %id, staging = %path, "volume unstaged");
     Ok(csi::NodeUnstageVolumeResponse {})
 }

@@ -2,10 +2,12 @@
 
 use std::path::Path;
 
+use crate::backend::NodeSource;
 use crate::csi::{self, volume_usage::Unit};
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::mountinfo;
+use crate::node::{member, source};
 use crate::validate;
 use crate::volume::Volume;
 
@@ -41,17 +43,48 @@ pub async fn stats(
         )));
     };
     let path = Path::new(&req.volume_path);
+    let node_id = &d.config.node_id;
+    let src = source::of(d, &vol, node_id).ok();
+    let staging = vol
+        .node(node_id)
+        .and_then(|n| n.stage.as_ref())
+        .map(|s| Path::new(&s.path));
+    // A member CSI volume's own plugin knows its usage best.
+    let mut forwarded = None;
+    let mut plugin_error = None;
+    if let Some(v) = src.as_ref().and_then(source::proxied) {
+        if !is_staging {
+            match member::stats_proxied(d, &v, path, staging).await {
+                Ok(reply) => forwarded = reply,
+                // Reported as the volume's condition, with what this node sees.
+                Err(e) => plugin_error = Some(e.to_string()),
+            }
+        }
+    }
     let probe = if cap.is_block() && is_staging {
         path.join(crate::node::mounter::BLOCK_DEVICE_FILE)
     } else {
         path.to_path_buf()
     };
-    let mut health = d.backend.health(&vol).await;
+    let mut health = match &src {
+        Some(NodeSource::Member(m)) if member::is_node_local(&vol) => member::health(m),
+        _ => d.backend.health(&vol).await,
+    };
+    if let Some(why) = plugin_error {
+        health.abnormal = true;
+        health.message = why;
+    }
     let mount =
         mountinfo::mounted_at(&probe).map_err(|e| CsiError::io("read mountinfo for", &probe, e))?;
     if !health.abnormal && mount.is_none() {
         health.abnormal = true;
         health.message = format!("{} is recorded but not mounted", probe.display());
+    }
+    if let Some(mut reply) = forwarded {
+        if reply.volume_condition.is_none() {
+            reply.volume_condition = Some(crate::controller::wire::condition(&health));
+        }
+        return Ok(reply);
     }
     let condition = Some(crate::controller::wire::condition(&health));
     if mount.is_none() {
@@ -61,9 +94,11 @@ pub async fn stats(
         });
     }
     let usage = if cap.is_block() {
-        let size = std::fs::metadata(d.backend_path(&vol)?)
-            .map(|m| m.len())
-            .unwrap_or(vol.capacity_bytes);
+        let size = d
+            .backend_path(&vol)
+            .ok()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map_or(vol.capacity_bytes, |m| m.len());
         vec![csi::VolumeUsage {
             available: 0,
             total: size as i64,

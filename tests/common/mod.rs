@@ -27,25 +27,39 @@ pub struct Driver {
 
 impl Driver {
     pub async fn start(extra: &[&str]) -> Driver {
+        Self::start_on("csi.sock", extra).await
+    }
+
+    /// Like `start`, listening on `socket` (relative to the test's temp dir,
+    /// e.g. `plugins/<driver>/csi.sock` to stand in kubelet's plugins dir).
+    pub async fn start_on(socket: &str, extra: &[&str]) -> Driver {
         let dir = tempfile::Builder::new()
             .prefix("csi-relay-test-")
             .tempdir()
             .expect("tempdir");
         let state_dir = dir.path().join("state");
-        Self::start_in(
-            dir,
-            state_dir,
-            extra.iter().map(|s| s.to_string()).collect(),
-        )
-        .await
+        let socket = dir.path().join(socket);
+        std::fs::create_dir_all(socket.parent().expect("socket dir")).expect("create socket dir");
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if !args.iter().any(|a| a == "--node-id") {
+            args.extend(["--node-id".to_string(), NODE.to_string()]);
+        }
+        Self::start_in(dir, state_dir, socket, args).await
+    }
+
+    /// Starts a driver whose node id is `node_id`.
+    pub async fn start_as(node_id: &str, extra: &[&str]) -> Driver {
+        let mut args = vec!["--node-id", node_id];
+        args.extend_from_slice(extra);
+        Self::start_on("csi.sock", &args).await
     }
 
     async fn start_in(
         dir: tempfile::TempDir,
         state_dir: PathBuf,
+        socket: PathBuf,
         extra_args: Vec<String>,
     ) -> Driver {
-        let socket = dir.path().join("csi.sock");
         let child = spawn(&socket, &state_dir, &extra_args);
         let channel = connect(&socket).await;
         Driver {
@@ -161,19 +175,17 @@ impl Drop for Driver {
 
 fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
     let _ = std::fs::remove_file(socket);
-    // The driver's log goes to a file next to the socket, for tests that
-    // check what is (and is not) logged.
+    // The driver's log goes to a file next to the state dir, for tests
+    // that check what is (and is not) logged.
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(socket.with_file_name("driver.log"))
+        .open(state_dir.with_file_name("driver.log"))
         .expect("open driver log");
     Command::new(env!("CARGO_BIN_EXE_csi-relay"))
         .arg("serve")
         .arg("--endpoint")
         .arg(format!("unix://{}", socket.display()))
-        .arg("--node-id")
-        .arg(NODE)
         .arg("--state-dir")
         .arg(state_dir)
         .args(extra)

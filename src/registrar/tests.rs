@@ -1,0 +1,791 @@
+//! Reconciles against a scripted API server (`tower_test::mock`): each test
+//! answers the requests in turn and asserts exactly what was asked.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use k8s_openapi::api::core::v1::Node;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use serde_json::{json, Value};
+use tower_test::mock::{self, Handle, SendResponse};
+
+use super::reconcile::reconcile;
+use super::*;
+
+const DRIVER: &str = "relay.csi.dev";
+const NODE: &str = "vn-east";
+const UID: &str = "0b1c2d3e-uid";
+const NODE_PATH: &str = "/api/v1/nodes/vn-east";
+const CSINODE_PATH: &str = "/apis/storage.k8s.io/v1/csinodes/vn-east";
+const NODE_KEY: &str = "topology.relay.csi.dev/node";
+const MEMBER_KEY: &str = "topology.relay.csi.dev/member";
+const CLUSTER_LABEL: &str = "kosmos.io/cluster-name";
+const APPLY: &str = "application/apply-patch+yaml";
+const MERGE: &str = "application/merge-patch+json";
+
+struct MockApi {
+    handle: Handle<Request<Body>, Response<Body>>,
+}
+
+struct Call {
+    method: String,
+    path: String,
+    query: BTreeMap<String, String>,
+    content_type: String,
+    body: Value,
+    send: SendResponse<Response<Body>>,
+}
+
+fn config() -> RegistrarConfig {
+    RegistrarConfig {
+        member_label: Some(CLUSTER_LABEL.into()),
+        ..RegistrarConfig::new(DRIVER)
+    }
+}
+
+fn context(config: RegistrarConfig) -> (Arc<Context>, MockApi) {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    (Arc::new(Context::new(client, config)), MockApi { handle })
+}
+
+impl MockApi {
+    async fn expect(&mut self, method: &str, path: &str) -> Call {
+        let (req, send) = self
+            .handle
+            .next_request()
+            .await
+            .expect("the registrar made no further request");
+        let (parts, body) = req.into_parts();
+        let bytes = body.collect_bytes().await.expect("request body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("a JSON request body")
+        };
+        let call = Call {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_string(),
+            query: parts
+                .uri
+                .query()
+                .unwrap_or_default()
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                    (k.to_string(), v.to_string())
+                })
+                .collect(),
+            content_type: parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string(),
+            body,
+            send,
+        };
+        assert_eq!(
+            (call.method.as_str(), call.path.as_str()),
+            (method, path),
+            "unexpected request (body {})",
+            call.body
+        );
+        call
+    }
+
+    /// Once the client is dropped: asserts it made no request left unanswered.
+    async fn expect_done(mut self) {
+        if let Some((req, _)) = self.handle.next_request().await {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
+}
+
+impl Call {
+    fn reply(self, status: u16, body: Value) {
+        let response = Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Body::from(serde_json::to_vec(&body).expect("JSON")))
+            .expect("response");
+        self.send.send_response(response);
+    }
+
+    fn ok(self, body: Value) {
+        self.reply(200, body)
+    }
+
+    fn status(self, code: u16, reason: &str) {
+        self.reply(
+            code,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                   "code": code, "reason": reason, "message": reason}),
+        )
+    }
+
+    /// A server-side apply of ours.
+    fn assert_apply(&self) {
+        assert_eq!(self.content_type, APPLY);
+        assert_eq!(
+            self.query,
+            BTreeMap::from([
+                ("fieldManager".to_string(), FIELD_MANAGER.to_string()),
+                ("force".to_string(), "true".to_string()),
+            ])
+        );
+    }
+
+    /// A JSON merge patch of ours.
+    fn assert_merge(&self) {
+        assert_eq!(self.content_type, MERGE);
+        assert_eq!(
+            self.query,
+            BTreeMap::from([("fieldManager".to_string(), FIELD_MANAGER.to_string())])
+        );
+    }
+}
+
+/// A managedFields entry of ours owning these labels.
+fn our_labels(keys: &[&str]) -> Value {
+    let labels: serde_json::Map<String, Value> =
+        keys.iter().map(|k| (format!("f:{k}"), json!({}))).collect();
+    json!({"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "v1",
+           "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": labels}}})
+}
+
+fn kubelet_fields() -> Value {
+    json!({"manager": "kubelet", "operation": "Update", "apiVersion": "v1",
+           "fieldsType": "FieldsV1",
+           "fieldsV1": {"f:metadata": {"f:labels": {"f:topology.relay.csi.dev/node": {}},
+                                       "f:annotations": {"f:csi.volume.kubernetes.io/nodeid": {}}}}})
+}
+
+struct NodeSpec<'a> {
+    virtual_node: bool,
+    labels: Value,
+    node_id: Option<&'a str>,
+    managed: Vec<Value>,
+}
+
+impl Default for NodeSpec<'_> {
+    fn default() -> Self {
+        NodeSpec {
+            virtual_node: true,
+            labels: json!({}),
+            node_id: None,
+            managed: vec![],
+        }
+    }
+}
+
+fn node_json(spec: &NodeSpec<'_>, rv: &str) -> Value {
+    let mut node = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": NODE,
+            "uid": UID,
+            "resourceVersion": rv,
+            "labels": spec.labels,
+            "managedFields": spec.managed,
+        },
+        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}]},
+    });
+    if spec.virtual_node {
+        node["spec"]["taints"]
+            .as_array_mut()
+            .expect("taints")
+            .push(json!({"key": "kosmos.io/node", "value": "true", "effect": "NoSchedule"}));
+    }
+    if let Some(id) = spec.node_id {
+        node["metadata"]["annotations"] = json!({ NODE_ID_ANNOTATION: id });
+    }
+    node
+}
+
+fn node(spec: NodeSpec<'_>) -> Arc<Node> {
+    Arc::new(serde_json::from_value(node_json(&spec, "100")).expect("a Node"))
+}
+
+fn csinode_entry(keys: &[&str]) -> Value {
+    json!({"name": DRIVER, "nodeID": NODE, "topologyKeys": keys})
+}
+
+fn our_csinode_fields() -> Value {
+    json!({"manager": FIELD_MANAGER, "operation": "Apply", "apiVersion": "storage.k8s.io/v1",
+           "fieldsType": "FieldsV1",
+           "fieldsV1": {
+               "f:metadata": {"f:ownerReferences": {format!("k:{{\"uid\":\"{UID}\"}}"): {}}},
+               "f:spec": {"f:drivers": {format!("k:{{\"name\":\"{DRIVER}\"}}"):
+                   {".": {}, "f:name": {}, "f:nodeID": {}, "f:topologyKeys": {}}}}}})
+}
+
+fn csinode(drivers: Vec<Value>, managed: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSINode",
+        "metadata": {
+            "name": NODE,
+            "resourceVersion": "7",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID}],
+            "managedFields": managed,
+        },
+        "spec": {"drivers": drivers},
+    })
+}
+
+fn ebs_entry() -> Value {
+    json!({"name": "ebs.csi.aws.com", "nodeID": "i-0abc", "topologyKeys": ["topology.ebs.csi.aws.com/zone"]})
+}
+
+fn expected_csinode_apply(keys: &[&str]) -> Value {
+    json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSINode",
+        "metadata": {
+            "name": NODE,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID}],
+        },
+        "spec": {"drivers": [{"name": DRIVER, "nodeID": NODE, "topologyKeys": keys}]},
+    })
+}
+
+fn echo(call: Call) {
+    let body = call.body.clone();
+    call.ok(body)
+}
+
+async fn run_reconcile(
+    node: Arc<Node>,
+    config: RegistrarConfig,
+    script: impl AsyncFnOnce(&mut MockApi),
+) -> Result<Action, ReconcileError> {
+    let (ctx, mut api) = context(config);
+    let (result, ()) = tokio::join!(reconcile(node, ctx.clone()), script(&mut api));
+    drop(ctx);
+    api.expect_done().await;
+    result
+}
+
+#[tokio::test]
+async fn a_new_virtual_node_gets_labels_then_annotation_then_csinode() {
+    let spec = NodeSpec {
+        labels: json!({CLUSTER_LABEL: "east", "kubernetes.io/hostname": NODE}),
+        ..Default::default()
+    };
+    let vn = node(spec);
+    let result = run_reconcile(vn, config(), async |api| {
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        labels.assert_apply();
+        assert_eq!(
+            labels.body,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": NODE,
+                "labels": {MEMBER_KEY: "east", NODE_KEY: NODE},
+            }})
+        );
+        // The API server answers with the node as written, at a new version.
+        let written = NodeSpec {
+            labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+            managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+            ..Default::default()
+        };
+        labels.ok(node_json(&written, "101"));
+
+        let annotation = api.expect("PATCH", NODE_PATH).await;
+        annotation.assert_merge();
+        assert_eq!(
+            annotation.body,
+            json!({"metadata": {
+                "resourceVersion": "101",
+                "annotations": {NODE_ID_ANNOTATION: r#"{"relay.csi.dev":"vn-east"}"#},
+            }})
+        );
+        annotation.ok(node_json(&written, "102"));
+
+        api.expect("GET", CSINODE_PATH)
+            .await
+            .status(404, "NotFound");
+        let apply = api.expect("PATCH", CSINODE_PATH).await;
+        apply.assert_apply();
+        assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
+        echo(apply);
+    })
+    .await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(RESYNC_INTERVAL)
+    );
+}
+
+#[tokio::test]
+async fn other_drivers_keep_their_annotation_pair_and_csinode_entry() {
+    let spec = NodeSpec {
+        labels: json!({NODE_KEY: NODE}),
+        managed: vec![our_labels(&[NODE_KEY])],
+        node_id: Some(r#"{"ebs.csi.aws.com":"i-0abc"}"#),
+        ..Default::default()
+    };
+    // No member label configured: only the node key.
+    let config = RegistrarConfig::new(DRIVER);
+    let result = run_reconcile(node(spec), config, async |api| {
+        // The labels are ours already: no label write.
+        let annotation = api.expect("PATCH", NODE_PATH).await;
+        annotation.assert_merge();
+        assert_eq!(
+            annotation.body,
+            json!({"metadata": {
+                "resourceVersion": "100",
+                "annotations": {NODE_ID_ANNOTATION:
+                    r#"{"ebs.csi.aws.com":"i-0abc","relay.csi.dev":"vn-east"}"#},
+            }})
+        );
+        annotation.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+
+        let kubelets = json!({"manager": "kubelet", "operation": "Update",
+                              "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:drivers": {}}}});
+        api.expect("GET", CSINODE_PATH)
+            .await
+            .ok(csinode(vec![ebs_entry()], vec![kubelets]));
+        let apply = api.expect("PATCH", CSINODE_PATH).await;
+        apply.assert_apply();
+        // Only our entry: the list map keyed by name keeps the other one.
+        assert_eq!(apply.body, expected_csinode_apply(&[NODE_KEY]));
+        echo(apply);
+    })
+    .await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(RESYNC_INTERVAL)
+    );
+}
+
+#[tokio::test]
+async fn a_malformed_annotation_is_replaced_with_ours() {
+    let spec = NodeSpec {
+        labels: json!({NODE_KEY: NODE}),
+        managed: vec![our_labels(&[NODE_KEY])],
+        node_id: Some("relay.csi.dev=vn-east"),
+        ..Default::default()
+    };
+    let result = run_reconcile(node(spec), RegistrarConfig::new(DRIVER), async |api| {
+        let annotation = api.expect("PATCH", NODE_PATH).await;
+        assert_eq!(
+            annotation.body["metadata"]["annotations"],
+            json!({NODE_ID_ANNOTATION: r#"{"relay.csi.dev":"vn-east"}"#})
+        );
+        annotation.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![csinode_entry(&[NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+    })
+    .await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(RESYNC_INTERVAL)
+    );
+}
+
+#[tokio::test]
+async fn a_registered_node_costs_one_get() {
+    let spec = NodeSpec {
+        labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+        managed: vec![kubelet_fields(), our_labels(&[MEMBER_KEY, NODE_KEY])],
+        node_id: Some(r#"{"ebs.csi.aws.com":"i-0abc","relay.csi.dev":"vn-east"}"#),
+        ..Default::default()
+    };
+    let result = run_reconcile(node(spec), config(), async |api| {
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![ebs_entry(), csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+    })
+    .await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(RESYNC_INTERVAL)
+    );
+}
+
+#[tokio::test]
+async fn a_csinode_entry_that_is_stale_or_not_ours_is_applied_again() {
+    let spec = || NodeSpec {
+        labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+        managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+        ..Default::default()
+    };
+    let stale = csinode(vec![csinode_entry(&[NODE_KEY])], vec![our_csinode_fields()]);
+    let not_ours = csinode(vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])], vec![]);
+    let mut wrong_owner = csinode(
+        vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+        vec![our_csinode_fields()],
+    );
+    wrong_owner["metadata"]["ownerReferences"][0]["uid"] = json!("an-older-node");
+    for live in [stale, not_ours, wrong_owner] {
+        let result = run_reconcile(node(spec()), config(), async |api| {
+            api.expect("GET", CSINODE_PATH).await.ok(live.clone());
+            let apply = api.expect("PATCH", CSINODE_PATH).await;
+            assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
+            echo(apply);
+        })
+        .await;
+        assert!(result.is_ok(), "{live}");
+    }
+}
+
+#[tokio::test]
+async fn a_member_label_we_set_goes_when_its_source_goes_and_an_admins_stays() {
+    // Ours, from kosmos.io/cluster-name, which is now gone.
+    let ours = NodeSpec {
+        labels: json!({MEMBER_KEY: "east", NODE_KEY: NODE}),
+        managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+        ..Default::default()
+    };
+    let result = run_reconcile(node(ours), config(), async |api| {
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        assert_eq!(
+            labels.body["metadata"]["labels"],
+            json!({NODE_KEY: NODE}),
+            "the member label is left out, so the API server removes it"
+        );
+        let written = NodeSpec {
+            labels: json!({NODE_KEY: NODE}),
+            managed: vec![our_labels(&[NODE_KEY])],
+            node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+            ..Default::default()
+        };
+        labels.ok(node_json(&written, "101"));
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+        let apply = api.expect("PATCH", CSINODE_PATH).await;
+        assert_eq!(apply.body, expected_csinode_apply(&[NODE_KEY]));
+        echo(apply);
+    })
+    .await;
+    assert!(result.is_ok());
+
+    // Set by an admin: not ours to write or remove, but a topology key.
+    let admins = NodeSpec {
+        labels: json!({MEMBER_KEY: "west", NODE_KEY: NODE}),
+        managed: vec![our_labels(&[NODE_KEY])],
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+        ..Default::default()
+    };
+    let result = run_reconcile(node(admins), config(), async |api| {
+        api.expect("GET", CSINODE_PATH)
+            .await
+            .status(404, "NotFound");
+        let apply = api.expect("PATCH", CSINODE_PATH).await;
+        assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
+        echo(apply);
+    })
+    .await;
+    assert!(result.is_ok());
+}
+
+#[tokio::test]
+async fn a_node_we_never_registered_costs_nothing() {
+    // A real node where kubelet registered the driver (same labels, same
+    // annotation): none of it is ours.
+    let real = NodeSpec {
+        virtual_node: false,
+        labels: json!({NODE_KEY: NODE}),
+        managed: vec![kubelet_fields()],
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+    };
+    let result = run_reconcile(node(real), config(), async |_| {}).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+
+    let bare = Arc::new(Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(NODE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let result = run_reconcile(bare, config(), async |_| {}).await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+}
+
+#[tokio::test]
+async fn a_node_no_longer_selected_loses_exactly_what_we_added() {
+    let spec = NodeSpec {
+        virtual_node: false,
+        labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+        managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+        node_id: Some(r#"{"ebs.csi.aws.com":"i-0abc","relay.csi.dev":"vn-east"}"#),
+    };
+    let result = run_reconcile(node(spec), config(), async |api| {
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![ebs_entry(), csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+        let apply = api.expect("PATCH", CSINODE_PATH).await;
+        apply.assert_apply();
+        // No drivers of ours: the API server drops our entry, keeps ebs'.
+        assert_eq!(
+            apply.body,
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {
+                "name": NODE,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID}],
+            }})
+        );
+        echo(apply);
+
+        let annotation = api.expect("PATCH", NODE_PATH).await;
+        annotation.assert_merge();
+        assert_eq!(
+            annotation.body,
+            json!({"metadata": {
+                "resourceVersion": "100",
+                "annotations": {NODE_ID_ANNOTATION: r#"{"ebs.csi.aws.com":"i-0abc"}"#},
+            }})
+        );
+        annotation.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        labels.assert_apply();
+        assert_eq!(
+            labels.body,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        );
+        labels.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    })
+    .await;
+    assert_eq!(result.expect("reconciled"), Action::await_change());
+}
+
+#[tokio::test]
+async fn cleanup_drops_an_emptied_annotation_and_skips_a_missing_csinode() {
+    let spec = NodeSpec {
+        virtual_node: false,
+        labels: json!({NODE_KEY: NODE}),
+        managed: vec![our_labels(&[NODE_KEY])],
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+    };
+    let result = run_reconcile(node(spec), config(), async |api| {
+        api.expect("GET", CSINODE_PATH).await.status(404, "NotFound");
+        let annotation = api.expect("PATCH", NODE_PATH).await;
+        assert_eq!(
+            annotation.body,
+            json!({"metadata": {"resourceVersion": "100", "annotations": {NODE_ID_ANNOTATION: null}}})
+        );
+        annotation.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        assert_eq!(
+            labels.body,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        );
+        labels.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    })
+    .await;
+    assert!(result.is_ok());
+}
+
+#[tokio::test]
+async fn cleanup_leaves_a_csinode_entry_that_is_not_ours_and_a_malformed_annotation() {
+    let spec = NodeSpec {
+        virtual_node: false,
+        labels: json!({NODE_KEY: NODE}),
+        managed: vec![our_labels(&[NODE_KEY])],
+        node_id: Some("garbage"),
+    };
+    let result = run_reconcile(node(spec), config(), async |api| {
+        api.expect("GET", CSINODE_PATH)
+            .await
+            .ok(csinode(vec![csinode_entry(&[NODE_KEY])], vec![]));
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        labels.assert_apply();
+        labels.ok(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    })
+    .await;
+    assert!(result.is_ok());
+}
+
+#[tokio::test]
+async fn a_concurrent_write_is_a_conflict_retried_with_backoff() {
+    let spec = || NodeSpec {
+        labels: json!({NODE_KEY: NODE}),
+        managed: vec![our_labels(&[NODE_KEY])],
+        ..Default::default()
+    };
+    let (ctx, mut api) = context(RegistrarConfig::new(DRIVER));
+    let vn = node(spec());
+    let (result, ()) = tokio::join!(reconcile(vn.clone(), ctx.clone()), async {
+        api.expect("PATCH", NODE_PATH).await.status(409, "Conflict");
+    });
+    let err = result.expect_err("a conflict");
+    assert!(err.is_conflict(), "{err}");
+    assert!(
+        err.to_string()
+            .contains("node vn-east: patch node annotation"),
+        "{err}"
+    );
+    assert_eq!(
+        error_policy(vn.clone(), &err, ctx.clone()),
+        Action::requeue(backoff(1))
+    );
+    assert_eq!(
+        error_policy(vn.clone(), &err, ctx.clone()),
+        Action::requeue(backoff(2))
+    );
+
+    // A success resets the count.
+    let done = NodeSpec {
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+        ..spec()
+    };
+    let (result, ()) = tokio::join!(reconcile(node(done), ctx.clone()), async {
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![csinode_entry(&[NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+    });
+    assert!(result.is_ok());
+    let refused = ReconcileError::Timeout {
+        node: NODE.into(),
+        action: "get CSINode".into(),
+    };
+    assert!(!refused.is_conflict());
+    assert_eq!(
+        error_policy(vn, &refused, ctx.clone()),
+        Action::requeue(backoff(1))
+    );
+    drop(ctx);
+    api.expect_done().await;
+}
+
+#[tokio::test]
+async fn nodes_that_cannot_be_registered_are_rejected_without_requests() {
+    let mut no_uid = node_json(&NodeSpec::default(), "100");
+    no_uid["metadata"]
+        .as_object_mut()
+        .expect("metadata")
+        .remove("uid");
+    let mut long_name = node_json(&NodeSpec::default(), "100");
+    long_name["metadata"]["name"] = json!(format!("vn-{}", "a".repeat(61)));
+    let mut no_name = node_json(&NodeSpec::default(), "100");
+    no_name["metadata"]["name"] = json!("");
+    for (bad, why) in [
+        (no_uid, "has no uid"),
+        (
+            long_name,
+            "cannot be the value of label topology.relay.csi.dev/node",
+        ),
+        (no_name, "without a name"),
+    ] {
+        let bad: Arc<Node> = Arc::new(serde_json::from_value(bad).expect("a Node"));
+        let (ctx, api) = context(config());
+        let err = reconcile(bad.clone(), ctx.clone()).await.expect_err(why);
+        assert!(
+            matches!(&err, ReconcileError::InvalidNode(m) if m.contains(why)),
+            "{err}"
+        );
+        assert_eq!(error_policy(bad, &err, ctx.clone()), Action::await_change());
+        drop(ctx);
+        api.expect_done().await;
+    }
+}
+
+#[test]
+fn backoff_doubles_up_to_five_minutes() {
+    let secs: Vec<u64> = [0, 1, 2, 3, 9, 10, 40, u32::MAX]
+        .into_iter()
+        .map(|n| backoff(n).as_secs())
+        .collect();
+    assert_eq!(secs, [1, 1, 2, 4, 256, 300, 300, 300]);
+}
+
+#[test]
+fn invalid_configurations_are_refused_with_the_reason() {
+    assert!(config().validate().is_ok());
+    assert!(RegistrarConfig::new(DRIVER).validate().is_ok());
+    let cases = [
+        (RegistrarConfig::new(""), "driver name \"\" is empty"),
+        (
+            RegistrarConfig::new("relay csi"),
+            "driver name \"relay csi\"",
+        ),
+        (
+            RegistrarConfig {
+                topology_key_prefix: "topology.relay.csi.dev".into(),
+                ..config()
+            },
+            "must end with '/'",
+        ),
+        (
+            RegistrarConfig {
+                topology_key_prefix: "Topology/".into(),
+                ..config()
+            },
+            "topology key prefix \"Topology/\"",
+        ),
+        (
+            RegistrarConfig {
+                member_label: Some("kosmos.io/".into()),
+                ..config()
+            },
+            "member label \"kosmos.io/\"",
+        ),
+    ];
+    for (config, want) in cases {
+        let err = config.validate().expect_err(want).to_string();
+        assert!(err.contains(want), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn run_refuses_an_invalid_configuration_before_any_request() {
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let err = run(client, RegistrarConfig::new(""))
+        .await
+        .expect_err("an empty driver name");
+    assert!(matches!(err, RegistrarError::Config { .. }), "{err}");
+    MockApi { handle }.expect_done().await;
+}
+
+#[tokio::test]
+async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(run_until(client, config(), async move {
+        let _ = stopped.await;
+    }));
+    let mut paths = Vec::new();
+    for _ in 0..2 {
+        let (req, send) = handle.next_request().await.expect("a list request");
+        paths.push(req.uri().path().to_string());
+        assert_eq!(req.method(), "GET");
+        let kind = if req.uri().path().contains("csinodes") {
+            "CSINodeList"
+        } else {
+            "NodeList"
+        };
+        let list = json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": []});
+        send.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&list).expect("JSON")))
+                .expect("response"),
+        );
+    }
+    paths.sort();
+    assert_eq!(paths, ["/api/v1/nodes", "/apis/storage.k8s.io/v1/csinodes"]);
+    let _ = stop.send(());
+    let result = tokio::time::timeout(std::time::Duration::from_secs(30), runner)
+        .await
+        .expect("the registrar stops on shutdown")
+        .expect("no panic");
+    assert!(result.is_ok());
+}
