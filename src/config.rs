@@ -138,6 +138,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR", env = "CSI_PLUGINS_DIR", default_value = crate::node::member_plugin::DEFAULT_PLUGINS_DIR)]
     pub plugins_dir: PathBuf,
 
+    /// Serve Prometheus metrics (RPC counts by method and code, latencies)
+    /// at http://ADDR/metrics, e.g. 127.0.0.1:9809. Off when unset.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_address: Option<std::net::SocketAddr>,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

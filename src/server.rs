@@ -215,6 +215,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         state_dir = %args.state_dir.display(),
         "csi-relay serving"
     );
+    let _metrics = match args.metrics_address {
+        Some(addr) => {
+            Some(
+                crate::metrics_http::serve(addr)
+                    .await
+                    .map_err(|source| StartError::Io {
+                        what: "serve metrics on",
+                        path: addr.to_string(),
+                        source,
+                    })?,
+            )
+        }
+        None => None,
+    };
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;

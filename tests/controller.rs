@@ -1436,3 +1436,41 @@ async fn socket_is_replaced_on_start_and_removed_on_stop() {
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
     assert!(!sock.exists(), "socket removed on shutdown");
 }
+
+#[tokio::test]
+async fn metrics_endpoint_counts_rpcs_by_method_and_code() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = Driver::start(&["--metrics-address", &addr]).await;
+    make(&d, "counted").await;
+    let _ = d.controller().create_volume(create("", MIB, snw())).await;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("metrics listener");
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    conn.read_to_string(&mut body).await.unwrap();
+    assert!(
+        body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"csi_relay_rpc_total{code="Ok",method="CreateVolume"} 1"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"csi_relay_rpc_total{code="InvalidArgument",method="CreateVolume"} 1"#),
+        "{body}"
+    );
+    assert!(
+        body.contains("csi_relay_rpc_duration_seconds_bucket"),
+        "{body}"
+    );
+}
