@@ -143,6 +143,21 @@ pub struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics_address: Option<std::net::SocketAddr>,
 
+    /// Run the virtual-node registrar: keep CSINode entries, the node-id
+    /// annotation and topology labels for host nodes that run no kubelet
+    /// (matched by --virtual-node-selector), so external-attacher works on them.
+    #[arg(long)]
+    pub virtual_node_registrar: bool,
+
+    /// Which nodes are virtual: `taint:KEY[=VALUE]:EFFECT` or `label:KEY=VALUE`.
+    #[arg(long, value_name = "SELECTOR", default_value = crate::registrar::DEFAULT_SELECTOR)]
+    pub virtual_node_selector: crate::registrar::NodeSelector,
+
+    /// Node label whose value names a virtual node's member cluster; copied
+    /// into the `topology.relay.csi.dev/member` topology (e.g. kosmos.io/cluster-name).
+    #[arg(long, value_name = "LABEL")]
+    pub virtual_node_member_label: Option<String>,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -234,6 +234,23 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
+    if args.virtual_node_registrar {
+        let host = connect_host(args.host_kubeconfig.as_deref())
+            .await
+            .map_err(StartError::Config)?;
+        let mut config = crate::registrar::RegistrarConfig::new(args.driver_name.clone());
+        config.selector = args.virtual_node_selector.clone();
+        config.member_label = args.virtual_node_member_label.clone();
+        config
+            .validate()
+            .map_err(|e| StartError::Config(format!("virtual-node registrar: {e}")))?;
+        let until = stopping(&stop);
+        tokio::spawn(async move {
+            if let Err(e) = crate::registrar::run_until(host.client(), config, until).await {
+                tracing::error!(error = %e, "virtual-node registrar stopped");
+            }
+        });
+    }
     match &args.endpoint {
         Endpoint::Unix(path) => {
             if let Some(parent) = path.parent() {

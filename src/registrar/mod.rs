@@ -71,6 +71,8 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 const CONCURRENCY: u16 = 8;
 /// Node heartbeats come in bursts; one reconcile per burst is enough.
 const DEBOUNCE: Duration = Duration::from_secs(1);
+/// How long [`run_until`] waits for reconciles under way once asked to stop.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// What the registrar registers, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,12 +243,12 @@ pub async fn run(client: kube::Client, config: RegistrarConfig) -> Result<(), Re
     run_until(client, config, std::future::pending()).await
 }
 
-/// [`run`] that stops once `shutdown` completes (in-flight reconciles are
-/// finished first).
+/// [`run`] that stops once `shutdown` completes: reconciles under way are
+/// given [`SHUTDOWN_GRACE`] to finish, then dropped.
 pub async fn run_until(
     client: kube::Client,
     config: RegistrarConfig,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()>,
 ) -> Result<(), RegistrarError> {
     config.validate()?;
     tracing::info!(
@@ -258,6 +260,7 @@ pub async fn run_until(
     let nodes = Api::<Node>::all(client.clone());
     let csinodes = Api::<CSINode>::all(client.clone());
     let ctx = Arc::new(Context::new(client, config));
+    let (stop, mut stopping) = tokio::sync::watch::channel(false);
     let results = Controller::new(nodes, watcher::Config::default())
         .with_config(
             controller::Config::default()
@@ -272,18 +275,38 @@ pub async fn run_until(
                 .filter(|n| !n.is_empty())
                 .map(|n| ObjectRef::<Node>::new(&n))
         })
-        .graceful_shutdown_on(shutdown)
+        .graceful_shutdown_on(async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+        })
         .run(reconcile::reconcile, error_policy, ctx);
     let mut results = std::pin::pin!(results);
-    while let Some(result) = results.next().await {
-        match result {
-            Ok(_) => {}
-            // Logged by error_policy.
-            Err(controller::Error::ReconcilerFailed(..)) => {}
-            Err(controller::Error::ObjectNotFound(obj)) => {
-                tracing::debug!(node = %obj, "node gone before its reconcile")
+    let mut shutdown = std::pin::pin!(shutdown);
+    // The controller alone can wait forever: stopped before its first list
+    // of nodes arrived, it waits for that list before it stops.
+    let grace = tokio::time::sleep(Duration::ZERO);
+    let mut grace = std::pin::pin!(grace);
+    let mut stopped = false;
+    loop {
+        tokio::select! {
+            result = results.next() => match result {
+                None => break,
+                Some(Ok(_)) => {}
+                // Logged by error_policy.
+                Some(Err(controller::Error::ReconcilerFailed(..))) => {}
+                Some(Err(controller::Error::ObjectNotFound(obj))) => {
+                    tracing::debug!(node = %obj, "node gone before its reconcile")
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "virtual node registrar: watch failed"),
+            },
+            () = &mut shutdown, if !stopped => {
+                stopped = true;
+                let _ = stop.send(true);
+                grace.as_mut().reset(tokio::time::Instant::now() + SHUTDOWN_GRACE);
             }
-            Err(e) => tracing::warn!(error = %e, "virtual node registrar: watch failed"),
+            () = &mut grace, if stopped => {
+                tracing::warn!("virtual node registrar: stopping without waiting any longer");
+                break;
+            }
         }
     }
     tracing::info!("virtual node registrar stopped");

@@ -754,20 +754,14 @@ async fn run_refuses_an_invalid_configuration_before_any_request() {
     MockApi { handle }.expect_done().await;
 }
 
-#[tokio::test]
-async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(run_until(client, config(), async move {
-        let _ = stopped.await;
-    }));
+/// Answers the initial list of Nodes and of CSINodes (in either order).
+async fn answer_lists(handle: &mut Handle<Request<Body>, Response<Body>>) {
     let mut paths = Vec::new();
     for _ in 0..2 {
         let (req, send) = handle.next_request().await.expect("a list request");
-        paths.push(req.uri().path().to_string());
         assert_eq!(req.method(), "GET");
-        let kind = if req.uri().path().contains("csinodes") {
+        let path = req.uri().path().to_string();
+        let kind = if path.contains("csinodes") {
             "CSINodeList"
         } else {
             "NodeList"
@@ -779,13 +773,51 @@ async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
                 .body(Body::from(serde_json::to_vec(&list).expect("JSON")))
                 .expect("response"),
         );
+        paths.push(path);
     }
     paths.sort();
     assert_eq!(paths, ["/api/v1/nodes", "/apis/storage.k8s.io/v1/csinodes"]);
+}
+
+#[tokio::test]
+async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(run_until(client, config(), async move {
+        let _ = stopped.await;
+    }));
+    answer_lists(&mut handle).await;
+    // Then both watch, from the lists' version; the watches stay open.
+    let mut watches = Vec::new();
+    for _ in 0..2 {
+        let (req, send) = handle.next_request().await.expect("a watch request");
+        let query = req.uri().query().unwrap_or_default().to_string();
+        assert!(query.contains("watch=true"), "{query}");
+        assert!(query.contains("resourceVersion=1"), "{query}");
+        watches.push(send);
+    }
     let _ = stop.send(());
-    let result = tokio::time::timeout(std::time::Duration::from_secs(30), runner)
+    let result = tokio::time::timeout(std::time::Duration::from_secs(5), runner)
         .await
-        .expect("the registrar stops on shutdown")
+        .expect("the registrar stops at once on shutdown")
         .expect("no panic");
     assert!(result.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn run_until_stops_even_before_the_first_list_arrived() {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let runner = tokio::spawn(run_until(client, config(), async move {
+        let _ = stopped.await;
+    }));
+    // The API server never answers.
+    let (_first, _pending) = handle.next_request().await.expect("a list request");
+    let started = tokio::time::Instant::now();
+    let _ = stop.send(());
+    let result = runner.await.expect("no panic");
+    assert!(result.is_ok());
+    assert_eq!(started.elapsed(), SHUTDOWN_GRACE);
 }
