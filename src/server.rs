@@ -107,7 +107,7 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             .collect(),
         state_dir: args.state_dir.clone(),
     };
-    let mut driver = Driver::new(config, store, backend);
+    let mut driver = Driver::new(config, store, backend).with_plugins_dir(args.plugins_dir.clone());
     if let Some(host) = host {
         if args.mode.controller() {
             // A controller that lost its state directory (an emptyDir in
