@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::backend::SourceData;
-use crate::capability::{AccessType, Capability};
+use crate::capability::Capability;
 use crate::controller::wire;
 use crate::csi::{self, volume_content_source::Type as SourceType};
 use crate::driver::{now, Driver};
@@ -350,25 +350,19 @@ pub async fn expand_volume(
         ));
     }
     validate::secrets(&req.secrets)?;
-    let cap = req
-        .volume_capability
-        .as_ref()
-        .map(|c| Capability::from_wire(c, "volume_capability"))
-        .transpose()?;
+    if let Some(cap) = &req.volume_capability {
+        // Optional, but a malformed one is still the caller's error.
+        Capability::from_wire(cap, "volume_capability")?;
+    }
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
     let mut vol = d.volume(&id).await?;
     if vol.lifecycle != Lifecycle::Ready {
         return Err(CsiError::VolumeNotFound(id));
     }
-    let node_expansion_required = match (&vol.backing, cap.as_ref().map(|c| &c.access)) {
-        (Backing::Directory, _) => false,
-        // The member cluster's own machinery resizes the member volume.
-        (Backing::Member { .. }, _) => false,
-        // A block-file volume: the node refreshes the loop device and, for
-        // mount access, grows the filesystem.
-        (Backing::BlockFile { .. }, Some(AccessType::Block)) => true,
-        (Backing::BlockFile { .. }, _) => true,
-    };
+    // A block file needs the node to refresh its loop device (and grow the
+    // filesystem for mount access); a directory has nothing to grow, and a
+    // member volume is resized by the member cluster's own machinery.
+    let node_expansion_required = matches!(vol.backing, Backing::BlockFile { .. });
     let target = if range.required > 0 {
         range.required
     } else {

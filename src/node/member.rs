@@ -398,3 +398,73 @@ pub async fn expand_proxied(
         .expand(v, path, staging, capacity, cap)
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn context(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn unknown_source_types_are_a_failed_precondition_naming_them() {
+        let c = context(&[
+            (source::SOURCE_TYPE, "iscsi"),
+            (source::MEMBER, "east"),
+            (source::MEMBER_PV, "pv-1"),
+        ]);
+        let err = decode(&c).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+        assert!(err.to_string().contains("\"iscsi\""), "{err}");
+    }
+
+    #[test]
+    fn known_source_types_decode() {
+        let c = context(&[
+            (source::SOURCE_TYPE, "hostPath"),
+            (source::MEMBER, "east"),
+            (source::MEMBER_PV, "pv-1"),
+            (source::HOST_PATH, "/data/x"),
+        ]);
+        let m = decode(&c).unwrap();
+        assert_eq!(
+            m.kind,
+            SourceKind::HostPath {
+                path: "/data/x".into(),
+                type_: None
+            }
+        );
+        let mut broken = c.clone();
+        broken.remove(source::HOST_PATH);
+        assert_eq!(
+            decode(&broken).unwrap_err().code(),
+            tonic::Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn block_access_is_refused_for_mounted_sources() {
+        let m = MemberSource {
+            member: "east".into(),
+            pv: "pv-1".into(),
+            member_node: None,
+            read_only: false,
+            mount_options: vec![],
+            kind: SourceKind::Nfs {
+                server: "s".into(),
+                path: "/e".into(),
+            },
+        };
+        let block = Capability {
+            mode: crate::capability::AccessMode::SingleNodeWriter,
+            access: crate::capability::AccessType::Block,
+        };
+        let err = mount_access_only(&m, &block).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("nfs"), "{err}");
+    }
+}

@@ -71,13 +71,20 @@ pub async fn stage(
     let attach_required = d.config.mode.controller() || member::is_node_local(&vol);
     let next = match state::node_stage(&vol, &node_id, &path, &cap, attach_required)? {
         Step::Unchanged => {
-            let still_there = source::of(d, &vol, &node_id)
-                .is_ok_and(|s| source::staged(&s, Path::new(&path), &cap));
-            if still_there {
+            let src = source::of(d, &vol, &node_id).ok();
+            if src
+                .as_ref()
+                .is_some_and(|s| source::staged(s, Path::new(&path), &cap))
+            {
                 return Ok(csi::NodeStageVolumeResponse {});
             }
-            // Recorded as staged but the mount is gone: stage again.
-            tracing::warn!(volume_id = %id, staging = %path, "staged volume lost its mount; restoring");
+            if src.as_ref().and_then(source::proxied).is_some() {
+                // Its plugin may stage without a mount here: ask it again.
+                tracing::debug!(volume_id = %id, staging = %path, "repeating the stage through the member plugin");
+            } else {
+                // Recorded as staged but the mount is gone: stage again.
+                tracing::warn!(volume_id = %id, staging = %path, "staged volume lost its mount; restoring");
+            }
             vol.clone()
         }
         Step::Next(next) => {
