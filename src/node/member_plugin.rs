@@ -430,6 +430,66 @@ mod tests {
         assert_eq!(e.code(), Code::Internal);
     }
 
+    fn plugin(capabilities: Vec<NodeCapability>) -> MemberPlugin {
+        MemberPlugin {
+            driver: "d".into(),
+            socket: PathBuf::from("/x/csi.sock"),
+            client: NodeClient::new(Endpoint::from_static("http://[::]:1").connect_lazy()),
+            capabilities,
+        }
+    }
+
+    #[tokio::test]
+    async fn forwarded_capability_follows_the_member_pv_and_the_plugin() {
+        let attributes = BTreeMap::new();
+        let context = BTreeMap::new();
+        let options = vec!["noatime".to_string(), "nodev".to_string()];
+        let vol = MemberCsiVolume {
+            driver: "d",
+            handle: "h",
+            fs_type: Some("xfs"),
+            attributes: &attributes,
+            publish_context: &context,
+            mount_options: &options,
+        };
+        let cap = Capability {
+            mode: AccessMode::SingleNodeMultiWriter,
+            access: crate::capability::AccessType::Mount {
+                fs_type: "ext4".into(),
+                mount_flags: vec!["nodev".into(), "sync".into()],
+                volume_mount_group: "1000".into(),
+            },
+        };
+        let bare = plugin(vec![]).capability(&vol, &cap);
+        assert_eq!(
+            bare.access_mode.unwrap().mode,
+            Mode::SingleNodeWriter as i32
+        );
+        let Some(WireAccessType::Mount(m)) = &bare.access_type else {
+            panic!("{bare:?}")
+        };
+        assert_eq!(m.fs_type, "xfs");
+        assert_eq!(m.mount_flags, ["noatime", "nodev", "sync"]);
+        assert!(m.volume_mount_group.is_empty());
+        let full = plugin(vec![
+            NodeCapability::SingleNodeMultiWriter,
+            NodeCapability::VolumeMountGroup,
+        ])
+        .capability(&vol, &cap);
+        assert_eq!(
+            full.access_mode.unwrap().mode,
+            Mode::SingleNodeMultiWriter as i32
+        );
+        let Some(WireAccessType::Mount(m)) = &full.access_type else {
+            panic!("{full:?}")
+        };
+        assert_eq!(m.volume_mount_group, "1000");
+        assert!(!plugin(vec![]).stages());
+        assert_eq!(plugin(vec![]).staging_arg(Path::new("/s")), "");
+        let staging = plugin(vec![NodeCapability::StageUnstageVolume]);
+        assert_eq!(staging.staging_arg(Path::new("/s")), "/s");
+    }
+
     #[tokio::test]
     async fn an_absent_socket_is_unavailable_and_named() {
         let tmp = tempfile::tempdir().unwrap();
