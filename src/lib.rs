@@ -16,6 +16,7 @@ pub mod metrics_http;
 pub mod mount;
 pub mod node;
 pub mod observe;
+pub mod observer_queue;
 pub mod page_token;
 pub mod params;
 pub mod registrar;

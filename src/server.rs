@@ -116,7 +116,9 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             tracing::info!(restored, "volume records rebuilt from RelayVolumes");
         }
         let role = Role::for_mode(args.mode, &args.node_id);
-        driver = driver.with_observer(Arc::new(RelayVolumeObserver::new(host, role)));
+        driver = driver.with_observer(Arc::new(crate::observer_queue::ObserverQueue::spawn(
+            Arc::new(RelayVolumeObserver::new(host, role)),
+        )));
     }
     Ok(driver)
 }
