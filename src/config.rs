@@ -158,6 +158,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "LABEL")]
     pub virtual_node_member_label: Option<String>,
 
+    /// The member cluster whose volumes this node mounts: NodeGetInfo then
+    /// reports topology `topology.relay.csi.dev/member=NAME`, which member
+    /// volumes' PVs require of the node they are used on.
+    #[arg(long, value_name = "NAME", env = "CSI_NODE_MEMBER")]
+    pub node_member: Option<String>,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -180,10 +186,19 @@ pub struct DriverConfig {
     pub max_volume_size: u64,
     pub mutable_parameters: BTreeSet<String>,
     pub state_dir: PathBuf,
+    /// The member cluster this node runs pods for (`--node-member`).
+    pub node_member: Option<String>,
 }
 
 impl DriverConfig {
+    /// NodeGetInfo's topology: this node, and its member cluster when set,
+    /// so the node carries the segment member volumes' PVs are pinned to.
     pub fn node_topology(&self) -> std::collections::BTreeMap<String, String> {
-        [(TOPOLOGY_NODE_KEY.to_string(), self.node_id.clone())].into()
+        let mut t: std::collections::BTreeMap<String, String> =
+            [(TOPOLOGY_NODE_KEY.to_string(), self.node_id.clone())].into();
+        if let Some(member) = &self.node_member {
+            t.insert(TOPOLOGY_MEMBER_KEY.to_string(), member.clone());
+        }
+        t
     }
 }

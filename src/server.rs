@@ -70,6 +70,10 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             args.driver_name
         )));
     }
+    if let Some(member) = &args.node_member {
+        crate::member::naming::check_member_name(member)
+            .map_err(|e| StartError::Config(format!("--node-member: {e}")))?;
+    }
     if args.node_id.is_empty() || args.node_id.len() > crate::validate::MAX_ID_LEN {
         return Err(StartError::Config("--node-id must be 1-128 bytes".into()));
     }
@@ -106,6 +110,7 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             .cloned()
             .collect(),
         state_dir: args.state_dir.clone(),
+        node_member: args.node_member.clone(),
     };
     let mut driver = Driver::new(config, store, backend).with_plugins_dir(args.plugins_dir.clone());
     if let Some(host) = host {

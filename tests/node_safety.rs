@@ -229,3 +229,37 @@ async fn a_foreign_mount_at_the_target_is_not_success() {
     destroy(&d, &c).await;
     assert_clean(&d);
 }
+
+#[tokio::test]
+async fn node_member_joins_the_node_topology() {
+    let d = common::Driver::start(&["--node-member", "east"]).await;
+    let info = d
+        .node()
+        .node_get_info(csi_relay::csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let segments = info.accessible_topology.unwrap().segments;
+    assert_eq!(
+        segments
+            .get("topology.relay.csi.dev/member")
+            .map(String::as_str),
+        Some("east")
+    );
+    assert_eq!(
+        segments
+            .get("topology.relay.csi.dev/node")
+            .map(String::as_str),
+        Some(common::NODE)
+    );
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_csi-relay"))
+        .args(["serve", "--node-id", "n", "--node-member", "Not_A_Label"])
+        .arg("--state-dir")
+        .arg(d.path("other-state"))
+        .arg("--endpoint")
+        .arg(format!("unix://{}", d.path("other.sock").display()))
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--node-member"));
+}

@@ -34,6 +34,7 @@ fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
         max_volume_size: i64::MAX as u64,
         mutable_parameters: Default::default(),
         state_dir: dir.to_path_buf(),
+        node_member: None,
     };
     let d =
         Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend)).with_observer(Arc::new(

@@ -226,6 +226,7 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
         max_volume_size: u64::MAX,
         mutable_parameters: Default::default(),
         state_dir: tmp.path().to_path_buf(),
+        node_member: None,
     };
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
     let known = {
@@ -281,6 +282,7 @@ async fn a_host_without_the_crd_is_told_how_to_install_it() {
         max_volume_size: u64::MAX,
         mutable_parameters: Default::default(),
         state_dir: tmp.path().to_path_buf(),
+        node_member: None,
     };
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
     let (result, ()) = tokio::join!(rebuild(&host, &driver), async {
