@@ -30,7 +30,7 @@ pub mod source;
 #[cfg(test)]
 mod flow_tests;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 use std::time::Duration;
 

@@ -3,6 +3,7 @@
 //! `tower_test::mock` service, the test answers each request in turn and
 //! asserts exactly what was asked.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::{Request, Response};
@@ -26,7 +27,7 @@ pub struct Call {
     send: SendResponse<Response<Body>>,
 }
 
-fn client() -> (kube::Client, MockApi) {
+pub fn client() -> (kube::Client, MockApi) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     (kube::Client::new(service, "default"), MockApi { handle })
 }
@@ -90,9 +91,28 @@ impl MockApi {
             panic!("unexpected request {} {}", req.method(), req.uri());
         }
     }
+
+    /// Once the client is dropped: asserts it made no request left unanswered.
+    pub async fn expect_done(mut self) {
+        if let Some((req, _)) = self.handle.next_request().await {
+            panic!("unexpected request {} {}", req.method(), req.uri());
+        }
+    }
 }
 
 impl Call {
+    /// The query string as `key => value` (undecoded).
+    pub fn query_map(&self) -> BTreeMap<String, String> {
+        self.query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (k.to_string(), v.to_string())
+            })
+            .collect()
+    }
+
     pub fn reply(self, status: u16, body: Value) {
         let response = Response::builder()
             .status(status)
@@ -110,6 +130,12 @@ impl Call {
     pub fn created(self) {
         let body = self.body.clone();
         self.reply(201, body)
+    }
+
+    /// 200 echoing the request body.
+    pub fn echo(self) {
+        let body = self.body.clone();
+        self.ok(body)
     }
 
     pub fn status(self, code: u16, reason: &str, message: &str) {

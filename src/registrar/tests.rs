@@ -4,15 +4,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use http::{Request, Response};
 use k8s_openapi::api::core::v1::Node;
-use kube::client::Body;
 use kube::runtime::controller::Action;
 use serde_json::{json, Value};
-use tower_test::mock::{self, Handle, SendResponse};
 
 use super::reconcile::reconcile;
 use super::*;
+use crate::member::testing::{client, Call, MockApi};
 
 const DRIVER: &str = "relay.csi.dev";
 const NODE: &str = "vn-east";
@@ -25,19 +23,6 @@ const CLUSTER_LABEL: &str = "kosmos.io/cluster-name";
 const APPLY: &str = "application/apply-patch+yaml";
 const MERGE: &str = "application/merge-patch+json";
 
-struct MockApi {
-    handle: Handle<Request<Body>, Response<Body>>,
-}
-
-struct Call {
-    method: String,
-    path: String,
-    query: BTreeMap<String, String>,
-    content_type: String,
-    body: Value,
-    send: SendResponse<Response<Body>>,
-}
-
 fn config() -> RegistrarConfig {
     RegistrarConfig {
         member_label: Some(CLUSTER_LABEL.into()),
@@ -46,92 +31,22 @@ fn config() -> RegistrarConfig {
 }
 
 fn context(config: RegistrarConfig) -> (Arc<Context>, MockApi) {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
-    (Arc::new(Context::new(client, config)), MockApi { handle })
+    let (client, api) = client();
+    (Arc::new(Context::new(client, config)), api)
 }
 
-impl MockApi {
-    async fn expect(&mut self, method: &str, path: &str) -> Call {
-        let (req, send) = self
-            .handle
-            .next_request()
-            .await
-            .expect("the registrar made no further request");
-        let (parts, body) = req.into_parts();
-        let bytes = body.collect_bytes().await.expect("request body");
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).expect("a JSON request body")
-        };
-        let call = Call {
-            method: parts.method.to_string(),
-            path: parts.uri.path().to_string(),
-            query: parts
-                .uri
-                .query()
-                .unwrap_or_default()
-                .split('&')
-                .filter(|p| !p.is_empty())
-                .map(|p| {
-                    let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                    (k.to_string(), v.to_string())
-                })
-                .collect(),
-            content_type: parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string(),
-            body,
-            send,
-        };
-        assert_eq!(
-            (call.method.as_str(), call.path.as_str()),
-            (method, path),
-            "unexpected request (body {})",
-            call.body
-        );
-        call
-    }
-
-    /// Once the client is dropped: asserts it made no request left unanswered.
-    async fn expect_done(mut self) {
-        if let Some((req, _)) = self.handle.next_request().await {
-            panic!("unexpected request {} {}", req.method(), req.uri());
-        }
-    }
+/// The server-side apply and JSON merge patch of ours.
+trait OurPatches {
+    fn assert_apply(&self);
+    fn assert_merge(&self);
 }
 
-impl Call {
-    fn reply(self, status: u16, body: Value) {
-        let response = Response::builder()
-            .status(status)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(serde_json::to_vec(&body).expect("JSON")))
-            .expect("response");
-        self.send.send_response(response);
-    }
-
-    fn ok(self, body: Value) {
-        self.reply(200, body)
-    }
-
-    fn status(self, code: u16, reason: &str) {
-        self.reply(
-            code,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                   "code": code, "reason": reason, "message": reason}),
-        )
-    }
-
+impl OurPatches for Call {
     /// A server-side apply of ours.
     fn assert_apply(&self) {
         assert_eq!(self.content_type, APPLY);
         assert_eq!(
-            self.query,
+            self.query_map(),
             BTreeMap::from([
                 ("fieldManager".to_string(), FIELD_MANAGER.to_string()),
                 ("force".to_string(), "true".to_string()),
@@ -143,7 +58,7 @@ impl Call {
     fn assert_merge(&self) {
         assert_eq!(self.content_type, MERGE);
         assert_eq!(
-            self.query,
+            self.query_map(),
             BTreeMap::from([("fieldManager".to_string(), FIELD_MANAGER.to_string())])
         );
     }
@@ -254,11 +169,6 @@ fn expected_csinode_apply(keys: &[&str]) -> Value {
     })
 }
 
-fn echo(call: Call) {
-    let body = call.body.clone();
-    call.ok(body)
-}
-
 async fn run_reconcile(
     node: Arc<Node>,
     config: RegistrarConfig,
@@ -309,11 +219,11 @@ async fn a_new_virtual_node_gets_labels_then_annotation_then_csinode() {
 
         api.expect("GET", CSINODE_PATH)
             .await
-            .status(404, "NotFound");
+            .status(404, "NotFound", "NotFound");
         let apply = api.expect("PATCH", CSINODE_PATH).await;
         apply.assert_apply();
         assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
-        echo(apply);
+        apply.echo();
     })
     .await;
     assert_eq!(
@@ -355,7 +265,7 @@ async fn other_drivers_keep_their_annotation_pair_and_csinode_entry() {
         apply.assert_apply();
         // Only our entry: the list map keyed by name keeps the other one.
         assert_eq!(apply.body, expected_csinode_apply(&[NODE_KEY]));
-        echo(apply);
+        apply.echo();
     })
     .await;
     assert_eq!(
@@ -432,7 +342,7 @@ async fn a_csinode_entry_that_is_stale_or_not_ours_is_applied_again() {
             api.expect("GET", CSINODE_PATH).await.ok(live.clone());
             let apply = api.expect("PATCH", CSINODE_PATH).await;
             assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
-            echo(apply);
+            apply.echo();
         })
         .await;
         assert!(result.is_ok(), "{live}");
@@ -468,7 +378,7 @@ async fn a_member_label_we_set_goes_when_its_source_goes_and_an_admins_stays() {
         ));
         let apply = api.expect("PATCH", CSINODE_PATH).await;
         assert_eq!(apply.body, expected_csinode_apply(&[NODE_KEY]));
-        echo(apply);
+        apply.echo();
     })
     .await;
     assert!(result.is_ok());
@@ -483,10 +393,10 @@ async fn a_member_label_we_set_goes_when_its_source_goes_and_an_admins_stays() {
     let result = run_reconcile(node(admins), config(), async |api| {
         api.expect("GET", CSINODE_PATH)
             .await
-            .status(404, "NotFound");
+            .status(404, "NotFound", "NotFound");
         let apply = api.expect("PATCH", CSINODE_PATH).await;
         assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
-        echo(apply);
+        apply.echo();
     })
     .await;
     assert!(result.is_ok());
@@ -539,7 +449,7 @@ async fn a_node_no_longer_selected_loses_exactly_what_we_added() {
                 "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID}],
             }})
         );
-        echo(apply);
+        apply.echo();
 
         let annotation = api.expect("PATCH", NODE_PATH).await;
         annotation.assert_merge();
@@ -573,7 +483,7 @@ async fn cleanup_drops_an_emptied_annotation_and_skips_a_missing_csinode() {
         node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
     };
     let result = run_reconcile(node(spec), config(), async |api| {
-        api.expect("GET", CSINODE_PATH).await.status(404, "NotFound");
+        api.expect("GET", CSINODE_PATH).await.status(404, "NotFound", "NotFound");
         let annotation = api.expect("PATCH", NODE_PATH).await;
         assert_eq!(
             annotation.body,
@@ -621,7 +531,9 @@ async fn a_concurrent_write_is_a_conflict_retried_with_backoff() {
     let (ctx, mut api) = context(RegistrarConfig::new(DRIVER));
     let vn = node(spec());
     let (result, ()) = tokio::join!(reconcile(vn.clone(), ctx.clone()), async {
-        api.expect("PATCH", NODE_PATH).await.status(409, "Conflict");
+        api.expect("PATCH", NODE_PATH)
+            .await
+            .status(409, "Conflict", "Conflict");
     });
     let err = result.expect_err("a conflict");
     assert!(err.is_conflict(), "{err}");
@@ -745,34 +657,27 @@ fn invalid_configurations_are_refused_with_the_reason() {
 
 #[tokio::test]
 async fn run_refuses_an_invalid_configuration_before_any_request() {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, api) = client();
     let err = run(client, RegistrarConfig::new(""))
         .await
         .expect_err("an empty driver name");
     assert!(matches!(err, RegistrarError::Config { .. }), "{err}");
-    MockApi { handle }.expect_done().await;
+    api.expect_done().await;
 }
 
 /// Answers the initial list of Nodes and of CSINodes (in either order).
-async fn answer_lists(handle: &mut Handle<Request<Body>, Response<Body>>) {
+async fn answer_lists(api: &mut MockApi) {
     let mut paths = Vec::new();
     for _ in 0..2 {
-        let (req, send) = handle.next_request().await.expect("a list request");
-        assert_eq!(req.method(), "GET");
-        let path = req.uri().path().to_string();
+        let call = api.next().await;
+        assert_eq!(call.method, "GET");
+        let path = call.path.clone();
         let kind = if path.contains("csinodes") {
             "CSINodeList"
         } else {
             "NodeList"
         };
-        let list = json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": []});
-        send.send_response(
-            Response::builder()
-                .status(200)
-                .body(Body::from(serde_json::to_vec(&list).expect("JSON")))
-                .expect("response"),
-        );
+        call.ok(json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": []}));
         paths.push(path);
     }
     paths.sort();
@@ -781,21 +686,20 @@ async fn answer_lists(handle: &mut Handle<Request<Body>, Response<Body>>) {
 
 #[tokio::test]
 async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, mut api) = client();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn(run_until(client, config(), async move {
         let _ = stopped.await;
     }));
-    answer_lists(&mut handle).await;
+    answer_lists(&mut api).await;
     // Then both watch, from the lists' version; the watches stay open.
     let mut watches = Vec::new();
     for _ in 0..2 {
-        let (req, send) = handle.next_request().await.expect("a watch request");
-        let query = req.uri().query().unwrap_or_default().to_string();
+        let call = api.next().await;
+        let query = call.query.clone();
         assert!(query.contains("watch=true"), "{query}");
         assert!(query.contains("resourceVersion=1"), "{query}");
-        watches.push(send);
+        watches.push(call.hang());
     }
     let _ = stop.send(());
     let result = tokio::time::timeout(std::time::Duration::from_secs(5), runner)
@@ -807,14 +711,13 @@ async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
 
 #[tokio::test(start_paused = true)]
 async fn run_until_stops_even_before_the_first_list_arrived() {
-    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(service, "default");
+    let (client, mut api) = client();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let runner = tokio::spawn(run_until(client, config(), async move {
         let _ = stopped.await;
     }));
     // The API server never answers.
-    let (_first, _pending) = handle.next_request().await.expect("a list request");
+    let _pending = api.next().await.hang();
     let started = tokio::time::Instant::now();
     let _ = stop.send(());
     let result = runner.await.expect("no panic");
