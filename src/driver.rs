@@ -64,10 +64,15 @@ impl Driver {
         Ok(self.store.run(f).await?)
     }
 
+    /// The volume record, if there is one.
+    pub async fn find_volume(&self, id: &str) -> CsiResult<Option<Volume>> {
+        let key = id.to_string();
+        self.db(move |s| s.volume(&key)).await
+    }
+
     /// The volume record, or NOT_FOUND naming the id.
     pub async fn volume(&self, id: &str) -> CsiResult<Volume> {
-        let key = id.to_string();
-        self.db(move |s| s.volume(&key))
+        self.find_volume(id)
             .await?
             .ok_or_else(|| CsiError::VolumeNotFound(id.to_string()))
     }

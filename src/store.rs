@@ -221,20 +221,8 @@ impl Store {
     pub fn remove_volume(&self, id: &str) -> StoreResult<()> {
         let txn = self.db.begin_write()?;
         {
-            let mut volumes = txn.open_table(VOLUMES)?;
-            let old: Option<Volume> = match volumes.remove(id)? {
-                Some(v) => Some(decode("volumes", id, v.value())?),
-                None => None,
-            };
-            if let Some(old) = old {
-                let mut names = txn.open_table(VOLUME_NAMES)?;
-                let owned = names
-                    .get(old.name.as_str())?
-                    .is_some_and(|v| v.value() == id);
-                if owned {
-                    names.remove(old.name.as_str())?;
-                }
-                drop(names);
+            if let Some(old) = take::<Volume>(&txn, VOLUMES, "volumes", id)? {
+                release_name(&txn, VOLUME_NAMES, &old.name, id)?;
                 adjust(&txn, ALLOCATED, old.capacity_bytes, 0)?;
                 reindex_nodes(&txn, Some(&old), None)?;
             }
@@ -326,20 +314,8 @@ impl Store {
     pub fn remove_snapshot(&self, id: &str) -> StoreResult<()> {
         let txn = self.db.begin_write()?;
         {
-            let mut snaps = txn.open_table(SNAPSHOTS)?;
-            let old: Option<Snapshot> = match snaps.remove(id)? {
-                Some(v) => Some(decode("snapshots", id, v.value())?),
-                None => None,
-            };
-            if let Some(old) = old {
-                let mut names = txn.open_table(SNAPSHOT_NAMES)?;
-                let owned = names
-                    .get(old.name.as_str())?
-                    .is_some_and(|v| v.value() == id);
-                if owned {
-                    names.remove(old.name.as_str())?;
-                }
-                drop(names);
+            if let Some(old) = take::<Snapshot>(&txn, SNAPSHOTS, "snapshots", id)? {
+                release_name(&txn, SNAPSHOT_NAMES, &old.name, id)?;
                 txn.open_table(SNAPSHOTS_BY_SOURCE)?
                     .remove(pair(&old.source_volume_id, id).as_str())?;
                 adjust(&txn, ALLOCATED, old.size_bytes, 0)?;
@@ -422,24 +398,41 @@ impl Store {
     pub fn remove_group(&self, id: &str) -> StoreResult<()> {
         let txn = self.db.begin_write()?;
         {
-            let mut groups = txn.open_table(GROUPS)?;
-            let old: Option<GroupSnapshot> = match groups.remove(id)? {
-                Some(v) => Some(decode("group_snapshots", id, v.value())?),
-                None => None,
-            };
-            if let Some(old) = old {
-                let mut names = txn.open_table(GROUP_NAMES)?;
-                let owned = names
-                    .get(old.name.as_str())?
-                    .is_some_and(|v| v.value() == id);
-                if owned {
-                    names.remove(old.name.as_str())?;
-                }
+            if let Some(old) = take::<GroupSnapshot>(&txn, GROUPS, "group_snapshots", id)? {
+                release_name(&txn, GROUP_NAMES, &old.name, id)?;
             }
         }
         txn.commit()?;
         Ok(())
     }
+}
+
+/// Removes and returns a record inside a write transaction.
+fn take<T: DeserializeOwned>(
+    txn: &redb::WriteTransaction,
+    def: TableDefinition<&str, &[u8]>,
+    table: &'static str,
+    id: &str,
+) -> StoreResult<Option<T>> {
+    let mut t = txn.open_table(def)?;
+    let old = t.remove(id)?;
+    old.map(|v| decode(table, id, v.value())).transpose()
+}
+
+/// Frees `name` in a name index if it still points at `id` (a newer record
+/// may have taken the name since).
+fn release_name(
+    txn: &redb::WriteTransaction,
+    def: TableDefinition<&str, &str>,
+    name: &str,
+    id: &str,
+) -> StoreResult<()> {
+    let mut names = txn.open_table(def)?;
+    let owned = names.get(name)?.is_some_and(|v| v.value() == id);
+    if owned {
+        names.remove(name)?;
+    }
+    Ok(())
 }
 
 fn adjust(txn: &redb::WriteTransaction, key: &str, minus: u64, plus: u64) -> StoreResult<()> {

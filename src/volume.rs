@@ -174,10 +174,6 @@ impl Volume {
             .max()
             .unwrap_or(Phase::Created)
     }
-
-    pub fn in_use(&self) -> bool {
-        self.nodes.values().any(|n| !n.is_empty())
-    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

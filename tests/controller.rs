@@ -1474,3 +1474,35 @@ async fn metrics_endpoint_counts_rpcs_by_method_and_code() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn probe_fails_precondition_when_the_backend_is_gone() {
+    let d = Driver::start(&[]).await;
+    let mut id = d.identity();
+    assert_eq!(
+        id.probe(csi::ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
+        Some(true)
+    );
+    std::fs::remove_dir_all(d.state_dir.join("volumes")).unwrap();
+    let e = id.probe(csi::ProbeRequest {}).await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(
+        e.message().contains("volumes"),
+        "the message names what is missing: {}",
+        e.message()
+    );
+    std::fs::create_dir(d.state_dir.join("volumes")).unwrap();
+    assert_eq!(
+        id.probe(csi::ProbeRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready,
+        Some(true),
+        "recovers"
+    );
+}

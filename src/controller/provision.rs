@@ -317,8 +317,7 @@ pub async fn delete_volume(
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let key = id.clone();
-    let Some(mut vol) = d.db(move |s| s.volume(&key)).await? else {
+    let Some(mut vol) = d.find_volume(&id).await? else {
         // Deleting what does not exist is success: the CO may be retrying.
         return Ok(csi::DeleteVolumeResponse {});
     };

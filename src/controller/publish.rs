@@ -72,8 +72,7 @@ pub async fn unpublish(
     }
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let key = id.clone();
-    let Some(vol) = d.db(move |s| s.volume(&key)).await? else {
+    let Some(vol) = d.find_volume(&id).await? else {
         // A volume that no longer exists is unpublished from every node.
         return Ok(csi::ControllerUnpublishVolumeResponse {});
     };

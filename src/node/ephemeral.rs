@@ -24,8 +24,7 @@ pub async fn ensure(
     context: &HashMap<String, String>,
     cap: &Capability,
 ) -> CsiResult<Volume> {
-    let key = id.to_string();
-    if let Some(existing) = d.db(move |s| s.volume(&key)).await? {
+    if let Some(existing) = d.find_volume(id).await? {
         if !existing.ephemeral {
             return Err(CsiError::AlreadyExists(format!(
                 "volume {id:?} exists as a persistent volume; it cannot be used inline"

@@ -104,7 +104,7 @@ pub async fn unpublish(
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = match stage::find(d, &id).await? {
+    let vol = match d.find_volume(&id).await? {
         Some(v) => v,
         None if stage::nothing_to_undo(d, &target) => {
             return Ok(csi::NodeUnpublishVolumeResponse {})

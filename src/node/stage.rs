@@ -30,12 +30,6 @@ pub fn staged_readonly(vol: &Volume, node_id: &str, cap: &Capability) -> bool {
             .is_some_and(|a| a.readonly)
 }
 
-/// The record of `id`, if this node's store holds one.
-pub async fn find(d: &Driver, id: &str) -> CsiResult<Option<Volume>> {
-    let key = id.to_string();
-    d.db(move |s| s.volume(&key)).await
-}
-
 /// A node plugin (`--mode node`) that holds no record of a volume may
 /// still be asked to unwind it: its node-local member record is dropped
 /// once the volume is unstaged, and the CO repeats an unstage or unpublish
@@ -59,7 +53,7 @@ pub async fn stage(
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = match find(d, &id).await? {
+    let vol = match d.find_volume(&id).await? {
         Some(v) if !member::is_node_local(&v) || member::in_use(&v, &node_id) => v,
         // Unknown here (or a node-local record nothing uses): a member
         // volume is described by the request itself.
@@ -130,7 +124,7 @@ pub async fn unstage(
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = match find(d, &id).await? {
+    let vol = match d.find_volume(&id).await? {
         Some(v) => v,
         None if nothing_to_undo(d, &path) => return Ok(csi::NodeUnstageVolumeResponse {}),
         None => return Err(CsiError::VolumeNotFound(id)),
