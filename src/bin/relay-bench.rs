@@ -52,6 +52,19 @@ fn cap() -> csi::VolumeCapability {
     }
 }
 
+/// A 1 MiB single-node-writer volume named `name`.
+fn create_req(name: String) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name,
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 1 << 20,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![cap()],
+        ..Default::default()
+    }
+}
+
 async fn connect(socket: &Path) -> Result<Channel, Box<dyn std::error::Error>> {
     for _ in 0..500 {
         if socket.exists() {
@@ -127,16 +140,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for target in targets {
         let started = Instant::now();
         while existing < target {
-            c.create_volume(csi::CreateVolumeRequest {
-                name: format!("fill-{existing}"),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: 1 << 20,
-                    limit_bytes: 0,
-                }),
-                volume_capabilities: vec![cap()],
-                ..Default::default()
-            })
-            .await?;
+            c.create_volume(create_req(format!("fill-{existing}")))
+                .await?;
             existing += 1;
         }
         println!(
@@ -148,15 +153,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..args.lifecycles {
             let t0 = Instant::now();
             let vol = c
-                .create_volume(csi::CreateVolumeRequest {
-                    name: format!("bench-{target}-{i}"),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: 1 << 20,
-                        limit_bytes: 0,
-                    }),
-                    volume_capabilities: vec![cap()],
-                    ..Default::default()
-                })
+                .create_volume(create_req(format!("bench-{target}-{i}")))
                 .await?
                 .into_inner()
                 .volume
@@ -204,16 +201,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut c = ControllerClient::new(channel.clone());
         tasks.push(tokio::spawn(async move {
             for i in 0..per_client {
-                c.create_volume(csi::CreateVolumeRequest {
-                    name: format!("par-{w}-{i}"),
-                    capacity_range: Some(csi::CapacityRange {
-                        required_bytes: 1 << 20,
-                        limit_bytes: 0,
-                    }),
-                    volume_capabilities: vec![cap()],
-                    ..Default::default()
-                })
-                .await?;
+                c.create_volume(create_req(format!("par-{w}-{i}"))).await?;
             }
             Ok::<_, tonic::Status>(())
         }));
