@@ -11,11 +11,16 @@ if [ -z "$sanity" ]; then
   exit 2
 fi
 
+# csi-sanity up to v5.4 fails on capabilities it does not know: a binary
+# built on CSI spec v1.10 gets only the v1.10 ones advertised.
+spec=1.12
+grep -q GET_SNAPSHOT "$sanity" || spec=1.10
+
 work=$(mktemp -d /tmp/csi-relay-sanity.XXXXXX)
 cargo build --release --locked
 ./target/release/csi-relay serve \
   --endpoint "unix://$work/csi.sock" --node-id sanity-node --state-dir "$work/state" \
-  --max-volumes-per-node 8 --mutable-parameters iops,tier &
+  --max-volumes-per-node 8 --mutable-parameters iops,tier --csi-spec "$spec" &
 pid=$!
 cleanup() {
   kill -TERM "$pid" 2>/dev/null || true

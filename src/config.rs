@@ -164,9 +164,35 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME", env = "CSI_NODE_MEMBER")]
     pub node_member: Option<String>,
 
+    /// A volume or snapshot whose CreateVolume/CreateSnapshot started this
+    /// many seconds ago and never finished is rolled back by housekeeping
+    /// (the CO stopped retrying it). Longer than the CO's retry back-off.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600)]
+    pub stale_provisioning_after: u64,
+
+    /// Seconds between housekeeping sweeps (the first runs at start-up):
+    /// stale provisioning, unfinished deletions, data no record owns.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub housekeeping_interval: u64,
+
+    /// The CSI spec version whose capabilities are advertised. 1.10 hides
+    /// what v1.12 added (GET_SNAPSHOT) from validators that refuse
+    /// capabilities they do not know (csi-sanity up to v5.4); every RPC is
+    /// served either way.
+    #[arg(long, value_enum, default_value_t = SpecVersion::V1_12)]
+    pub csi_spec: SpecVersion,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum SpecVersion {
+    #[value(name = "1.10")]
+    V1_10,
+    #[value(name = "1.12")]
+    V1_12,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -188,6 +214,10 @@ pub struct DriverConfig {
     pub state_dir: PathBuf,
     /// The member cluster this node runs pods for (`--node-member`).
     pub node_member: Option<String>,
+    /// Age after which an unfinished create is rolled back.
+    pub stale_provisioning_after: std::time::Duration,
+    /// Capabilities newer than this spec version are not advertised.
+    pub csi_spec: SpecVersion,
 }
 
 impl DriverConfig {

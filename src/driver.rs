@@ -31,6 +31,9 @@ pub struct Driver {
     /// (`<dir>/<driver name>/csi.sock`): member PVs of those drivers are
     /// served through them.
     pub plugins_dir: PathBuf,
+    /// False while the node's state is reconciled with the kernel after a
+    /// start: Probe answers not ready and node calls UNAVAILABLE meanwhile.
+    pub node_ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Driver {
@@ -42,6 +45,7 @@ impl Driver {
             limiter: Limiter::default(),
             observers: Vec::new(),
             plugins_dir: PathBuf::from(crate::node::member_plugin::DEFAULT_PLUGINS_DIR),
+            node_ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 
@@ -55,7 +59,19 @@ impl Driver {
         self
     }
 
-    /// Runs a blocking store call on the blocking pool.
+    /// UNAVAILABLE while the node is being reconciled after a start.
+    pub fn require_node_ready(&self) -> CsiResult<()> {
+        if self.node_ready.load(std::sync::atomic::Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(CsiError::Unavailable(
+                "the node's volumes are being reconciled with the kernel after a start; retry"
+                    .into(),
+            ))
+        }
+    }
+
+    /// Runs store work that may wait for an fsync (see `Store::run`).
     pub async fn db<T, F>(&self, f: F) -> CsiResult<T>
     where
         T: Send + 'static,
@@ -64,10 +80,10 @@ impl Driver {
         Ok(self.store.run(f).await?)
     }
 
-    /// The volume record, if there is one.
+    /// The volume record, if there is one. A read is a lookup in pages
+    /// the store keeps cached: it runs in place, with no thread hop.
     pub async fn find_volume(&self, id: &str) -> CsiResult<Option<Volume>> {
-        let key = id.to_string();
-        self.db(move |s| s.volume(&key)).await
+        Ok(self.store.volume(id)?)
     }
 
     /// The volume record, or NOT_FOUND naming the id.
@@ -79,23 +95,88 @@ impl Driver {
 
     /// Commits a volume record, then tells the observers.
     pub async fn put_volume(&self, vol: &Volume) -> CsiResult<()> {
-        let record = vol.clone();
-        self.db(move |s| s.put_volume(&record)).await?;
-        for o in &self.observers {
-            o.changed(vol).await;
+        self.put_volume_limited(vol, None).await
+    }
+
+    /// Commits a volume record unless it would put more than `max`
+    /// attachments on `node` (RESOURCE_EXHAUSTED), then tells the observers.
+    pub async fn put_volume_limited(
+        &self,
+        vol: &Volume,
+        limit: Option<(&str, u64)>,
+    ) -> CsiResult<()> {
+        let limit = limit.map(|(node, max)| (node.to_string(), max));
+        self.write(vol, Write::Put, move |s, record| {
+            s.put_volume_limited(record, limit.as_ref().map(|(n, m)| (n.as_str(), *m)))
+        })
+        .await
+        .map_err(|e| match e {
+            CsiError::Store(limit @ crate::store::StoreError::AttachLimit { .. }) => {
+                CsiError::ResourceExhausted(limit.to_string())
+            }
+            other => other,
+        })
+    }
+
+    /// Commits the outcome of work whose result the kernel or the backend
+    /// witnesses durably (a mount in the mount table, renamed data): for
+    /// local volumes without an fsync of its own, since start-up derives a
+    /// lost outcome again from that witness (see `witnessed`). Member
+    /// volumes, whose witness is elsewhere, are committed durably.
+    pub async fn put_outcome(&self, vol: &Volume) -> CsiResult<()> {
+        if !witnessed(vol) {
+            return self.put_volume(vol).await;
         }
-        Ok(())
+        self.write(vol, Write::Put, |s, record| s.put_volume_lazily(record))
+            .await
+    }
+
+    /// Deletes a record whose data is gone; lazily, as `put_outcome`
+    /// (start-up finishes a `Deleting` record whose data is absent).
+    pub async fn remove_outcome(&self, vol: &Volume) -> CsiResult<()> {
+        self.write(vol, Write::Remove, |s, record| {
+            s.remove_volume_lazily(&record.id)
+        })
+        .await
     }
 
     /// Deletes a volume record, then tells the observers.
     pub async fn remove_volume(&self, vol: &Volume) -> CsiResult<()> {
-        let id = vol.id.clone();
-        self.db(move |s| s.remove_volume(&id)).await?;
+        self.write(vol, Write::Remove, |s, record| s.remove_volume(&record.id))
+            .await
+    }
+
+    /// Runs one store write of `vol`, then tells the observers.
+    async fn write<F>(&self, vol: &Volume, kind: Write, f: F) -> CsiResult<()>
+    where
+        F: FnOnce(&Store, &Volume) -> StoreResult<()> + Send + 'static,
+    {
+        let record = vol.clone();
+        self.db(move |s| f(s, &record)).await?;
         for o in &self.observers {
-            o.removed(vol).await;
+            match kind {
+                Write::Put => o.changed(vol).await,
+                Write::Remove => o.removed(vol).await,
+            }
         }
         Ok(())
     }
+}
+
+#[derive(Clone, Copy)]
+enum Write {
+    Put,
+    Remove,
+}
+
+/// Whether a volume's node state and creation are witnessed on this
+/// machine durably without the store: local volumes (their mounts are in
+/// the mount table, their data renamed into place and fsynced).
+pub fn witnessed(vol: &Volume) -> bool {
+    matches!(
+        vol.backing,
+        crate::volume::Backing::Directory | crate::volume::Backing::BlockFile { .. }
+    )
 }
 
 /// Seconds and nanoseconds since the epoch, for records' creation times.

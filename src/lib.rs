@@ -2,6 +2,7 @@
 //! cluster's storage; standalone it serves volumes from an embedded local
 //! backend. See README.md for the big picture.
 
+pub mod authority_filter;
 pub mod backend;
 pub mod capability;
 pub mod config;
@@ -10,6 +11,8 @@ pub mod csi;
 pub mod driver;
 pub mod endpoint;
 pub mod error;
+pub mod group_commit;
+pub mod housekeeping;
 pub mod limiter;
 pub mod member;
 pub mod metrics_http;

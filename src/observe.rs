@@ -14,6 +14,7 @@ pub struct Metrics {
     pub registry: Registry,
     calls: IntCounterVec,
     latency: HistogramVec,
+    housekeeping: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -28,12 +29,22 @@ fn build() -> Result<Metrics, prometheus::Error> {
         ]),
         &["method"],
     )?;
+    let housekeeping = IntCounterVec::new(
+        Opts::new(
+            "housekeeping_total",
+            "Leftovers cleaned up without a CO call: expired provisioning records, \
+             finished deletions, reclaimed orphan data, quarantined records",
+        ),
+        &["action"],
+    )?;
     registry.register(Box::new(calls.clone()))?;
     registry.register(Box::new(latency.clone()))?;
+    registry.register(Box::new(housekeeping.clone()))?;
     Ok(Metrics {
         registry,
         calls,
         latency,
+        housekeeping,
     })
 }
 
@@ -48,6 +59,13 @@ pub fn metrics() -> Option<&'static Metrics> {
             }
         })
         .as_ref()
+}
+
+/// Counts one housekeeping action (see `housekeeping_total`).
+pub fn housekeeping(action: &'static str) {
+    if let Some(m) = metrics() {
+        m.housekeeping.with_label_values(&[action]).inc();
+    }
 }
 
 /// Runs one RPC body: converts its error to a CSI status, logs the outcome

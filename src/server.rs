@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::StreamExt;
 use tonic::transport::Server;
 
 use crate::backend::{local::LocalBackend, Backend};
@@ -111,6 +112,8 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             .collect(),
         state_dir: args.state_dir.clone(),
         node_member: args.node_member.clone(),
+        stale_provisioning_after: std::time::Duration::from_secs(args.stale_provisioning_after),
+        csi_spec: args.csi_spec,
     };
     let mut driver = Driver::new(config, store, backend).with_plugins_dir(args.plugins_dir.clone());
     if let Some(host) = host {
@@ -148,7 +151,8 @@ async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), St
     let host = connect_host(args.host_kubeconfig.as_deref())
         .await
         .map_err(StartError::Config)?;
-    let backend = MemberBackend::new(clusters, Some(host.clone()), &args.driver_name);
+    let backend = MemberBackend::new(clusters, Some(host.clone()), &args.driver_name)
+        .with_virtual_nodes(args.virtual_node_selector.clone());
     Ok((backend, host))
 }
 
@@ -197,8 +201,25 @@ async fn until_shutdown<E>(
 /// Serves until a shutdown signal arrives.
 pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
     let driver = build(&args).await?;
+    if driver.config.mode.controller() {
+        crate::housekeeping::promote_created(&driver).await?;
+    }
     if driver.config.mode.node() {
-        crate::node::reconcile::reconcile(&driver).await?;
+        // Probe is served at once (not ready); node calls wait for this.
+        driver
+            .node_ready
+            .store(false, std::sync::atomic::Ordering::Release);
+        let d = driver.clone();
+        tokio::spawn(async move {
+            match crate::node::reconcile::reconcile(&d).await {
+                Ok(_) => d
+                    .node_ready
+                    .store(true, std::sync::atomic::Ordering::Release),
+                Err(e) => {
+                    tracing::error!(error = %e, "node reconciliation failed; Probe stays not ready")
+                }
+            }
+        });
     }
     let mut router =
         Server::builder().add_service(IdentityServer::new(IdentityService::new(driver.clone())));
@@ -236,6 +257,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         }
         None => None,
     };
+    if driver.config.mode.controller() {
+        crate::housekeeping::spawn(
+            driver.clone(),
+            std::time::Duration::from_secs(args.housekeeping_interval),
+        );
+    }
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
@@ -245,15 +272,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         let host = connect_host(args.host_kubeconfig.as_deref())
             .await
             .map_err(StartError::Config)?;
+        let watches =
+            crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
+                .await
+                .map_err(StartError::Config)?;
         let mut config = crate::registrar::RegistrarConfig::new(args.driver_name.clone());
         config.selector = args.virtual_node_selector.clone();
         config.member_label = args.virtual_node_member_label.clone();
+        // With one member cluster, every virtual node stands for it.
+        if let [only] = args.members.as_slice() {
+            config.default_member = Some(only.name.clone());
+        }
         config
             .validate()
             .map_err(|e| StartError::Config(format!("virtual-node registrar: {e}")))?;
         let until = stopping(&stop);
         tokio::spawn(async move {
-            if let Err(e) = crate::registrar::run_until(host.client(), config, until).await {
+            if let Err(e) = crate::registrar::run_until(host.client(), watches, config, until).await
+            {
                 tracing::error!(error = %e, "virtual-node registrar stopped");
             }
         });
@@ -273,7 +309,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
             let result = until_shutdown(
                 &stop,
                 router.serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener),
+                    UnixListenerStream::new(listener)
+                        .map(|conn| conn.map(crate::authority_filter::AuthorityFilter::new)),
                     stopping(&stop),
                 ),
             )
@@ -298,6 +335,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
             )
             .await?;
         }
+    }
+    if let Err(e) = driver.store.flush() {
+        tracing::error!(error = %e, "cannot make the last store changes durable");
     }
     tracing::info!("csi-relay stopped");
     Ok(())

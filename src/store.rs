@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::volume::{GroupSnapshot, Snapshot, Volume};
@@ -22,7 +22,17 @@ const GROUP_NAMES: TableDefinition<&str, &str> = TableDefinition::new("group_sna
 /// `node id \0 volume id` → attached (1) or only node-side state (0).
 const NODE_VOLUMES: TableDefinition<&str, u8> = TableDefinition::new("node_volumes");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+/// Ids of volume records whose create or delete has not finished, so
+/// start-up and housekeeping find them without reading every record.
+const UNFINISHED_VOLUMES: TableDefinition<&str, ()> = TableDefinition::new("unfinished_volumes");
+/// Set in COUNTERS once UNFINISHED_VOLUMES covers every record (stores
+/// written before the index existed are indexed once, at open).
+const UNFINISHED_INDEXED: &str = "index/unfinished_volumes";
+/// `table/key` → the raw bytes of a record that could not be decoded. It is
+/// moved here, out of the way, so one bad record never stops the driver.
+const QUARANTINE: TableDefinition<&str, &[u8]> = TableDefinition::new("quarantine");
 const ALLOCATED: &str = "allocated_bytes";
+const CACHE_BYTES: usize = 4 << 20;
 const ATTACHED_PREFIX: &str = "attached/";
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +47,12 @@ pub enum StoreError {
     },
     #[error("record cannot be encoded: {0}")]
     Encode(serde_json::Error),
+    #[error("node {node:?} already has {attached} volumes attached, the maximum is {max}")]
+    AttachLimit {
+        node: String,
+        attached: u64,
+        max: u64,
+    },
     #[error("store worker stopped: {0}")]
     Worker(String),
 }
@@ -68,6 +84,7 @@ pub struct Page<T> {
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
+    commits: Arc<crate::group_commit::GroupCommit>,
 }
 
 fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> StoreResult<T> {
@@ -93,7 +110,12 @@ fn prefix_bounds(prefix: &str) -> (String, String) {
 
 impl Store {
     pub fn open(dir: &Path) -> StoreResult<Self> {
-        let db = Database::create(dir.join("state.redb"))?;
+        // Records are small and read by key: a modest page cache keeps the
+        // memory of a store of tens of thousands of volumes bounded (the
+        // kernel's page cache holds the rest).
+        let db = Database::builder()
+            .set_cache_size(CACHE_BYTES)
+            .create(dir.join("state.redb"))?;
         let txn = db.begin_write()?;
         {
             // Create every table up front so readers never meet a missing one.
@@ -106,17 +128,54 @@ impl Store {
             txn.open_table(GROUP_NAMES)?;
             txn.open_table(NODE_VOLUMES)?;
             txn.open_table(COUNTERS)?;
+            txn.open_table(QUARANTINE)?;
+            txn.open_table(UNFINISHED_VOLUMES)?;
+            if counter(&txn, UNFINISHED_INDEXED)? == 0 {
+                index_unfinished(&txn)?;
+                txn.open_table(COUNTERS)?.insert(UNFINISHED_INDEXED, 1)?;
+            }
         }
         txn.commit()?;
-        Ok(Store { db: Arc::new(db) })
+        let db = Arc::new(db);
+        let commits: Arc<crate::group_commit::GroupCommit> = Default::default();
+        commits.start_flusher(&db);
+        Ok(Store { db, commits })
     }
 
-    /// Runs blocking store work off the async executor.
+    /// Makes every change committed so far durable (lazy ones included).
+    pub fn flush(&self) -> StoreResult<()> {
+        self.commits.flush(&self.db)
+    }
+
+    /// Transactions committed through the group commit so far.
+    pub fn commit_rounds(&self) -> u64 {
+        self.commits.rounds()
+    }
+
+    /// Runs one change through the group commit (see `group_commit`).
+    fn write(
+        &self,
+        durable: bool,
+        change: impl FnOnce(&redb::WriteTransaction) -> StoreResult<()> + Send + 'static,
+    ) -> StoreResult<()> {
+        self.commits.submit(&self.db, Box::new(change), durable)
+    }
+
+    /// Runs store work that may wait for an fsync without stalling other
+    /// calls: on a multi-threaded runtime in place, the worker's other
+    /// tasks handed to another thread (no hop, so no wake-up latency, for
+    /// this call), otherwise on the blocking pool.
     pub async fn run<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Store) -> StoreResult<T> + Send + 'static,
     {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        let multi =
+            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        if multi {
+            return tokio::task::block_in_place(|| f(self));
+        }
         let store = self.clone();
         tokio::task::spawn_blocking(move || f(&store))
             .await
@@ -131,14 +190,56 @@ impl Store {
 
     fn get<T: DeserializeOwned>(
         &self,
-        def: TableDefinition<&str, &[u8]>,
+        def: TableDefinition<'static, &'static str, &'static [u8]>,
         table: &'static str,
         id: &str,
     ) -> StoreResult<Option<T>> {
+        let decoded = {
+            let txn = self.db.begin_read()?;
+            let t = txn.open_table(def)?;
+            let value = t.get(id)?;
+            value.map(|v| decode(table, id, v.value())).transpose()
+        };
+        match decoded {
+            Err(StoreError::Corrupt { .. }) => {
+                self.quarantine(def, table, &[id.to_string()])?;
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    /// Moves undecodable records out of `table` (and a volume's entries out
+    /// of the node index), logging and counting each.
+    fn quarantine(
+        &self,
+        def: TableDefinition<'static, &'static str, &'static [u8]>,
+        table: &'static str,
+        ids: &[String],
+    ) -> StoreResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let ids = ids.to_vec();
+        self.write(true, move |txn| {
+            for id in &ids {
+                let raw = txn
+                    .open_table(def)?
+                    .remove(id.as_str())?
+                    .map(|v| v.value().to_vec());
+                if let Some(raw) = raw {
+                    quarantine_in(txn, table, id, &raw)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// How many records are in quarantine.
+    pub fn quarantined(&self) -> StoreResult<u64> {
         let txn = self.db.begin_read()?;
-        let t = txn.open_table(def)?;
-        let value = t.get(id)?;
-        value.map(|v| decode(table, id, v.value())).transpose()
+        let n = txn.open_table(QUARANTINE)?.len()?;
+        Ok(n)
     }
 
     fn id_by_name(
@@ -154,7 +255,7 @@ impl Store {
 
     fn page<T: DeserializeOwned>(
         &self,
-        def: TableDefinition<&str, &[u8]>,
+        def: TableDefinition<'static, &'static str, &'static [u8]>,
         table: &'static str,
         after: Option<&str>,
         limit: usize,
@@ -170,19 +271,32 @@ impl Store {
         };
         let mut items = Vec::new();
         let mut last = None;
+        let mut corrupt = Vec::new();
+        let mut next = None;
         for entry in range {
             let (k, v) = entry?;
-            let item: T = decode(table, k.value(), v.value())?;
+            let item: T = match decode(table, k.value(), v.value()) {
+                Ok(item) => item,
+                Err(StoreError::Corrupt { .. }) => {
+                    corrupt.push(k.value().to_string());
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if !keep(&item) {
                 continue;
             }
             if items.len() == limit {
-                return Ok(Page { items, next: last });
+                next = last;
+                break;
             }
             last = Some(k.value().to_string());
             items.push(item);
         }
-        Ok(Page { items, next: None })
+        drop(t);
+        drop(txn);
+        self.quarantine(def, table, &corrupt)?;
+        Ok(Page { items, next })
     }
 
     // ---- volumes ----
@@ -198,43 +312,92 @@ impl Store {
         }
     }
 
-    /// Inserts or replaces a volume record and keeps every index in step.
+    /// Inserts or replaces a volume record and keeps every index in step;
+    /// durable when this returns.
     pub fn put_volume(&self, vol: &Volume) -> StoreResult<()> {
-        let txn = self.db.begin_write()?;
-        {
-            let mut volumes = txn.open_table(VOLUMES)?;
-            let old: Option<Volume> = match volumes.get(vol.id.as_str())? {
-                Some(v) => Some(decode("volumes", &vol.id, v.value())?),
-                None => None,
-            };
-            volumes.insert(vol.id.as_str(), encode(vol)?.as_slice())?;
-            txn.open_table(VOLUME_NAMES)?
-                .insert(vol.name.as_str(), vol.id.as_str())?;
-            let old_bytes = old.as_ref().map_or(0, |o| o.capacity_bytes);
-            adjust(&txn, ALLOCATED, old_bytes, vol.capacity_bytes)?;
-            reindex_nodes(&txn, old.as_ref(), Some(vol))?;
-        }
-        txn.commit()?;
-        Ok(())
+        self.put_volume_limited(vol, None)
+    }
+
+    /// Like `put_volume`, but commits nothing and answers `AttachLimit` if
+    /// the record would leave `node` with more than `max` attachments. The
+    /// count is read inside the writing transaction (redb has one writer at
+    /// a time), so two publishes to one node cannot both take the last slot.
+    pub fn put_volume_limited(&self, vol: &Volume, limit: Option<(&str, u64)>) -> StoreResult<()> {
+        let vol = vol.clone();
+        let limit = limit.map(|(n, m)| (n.to_string(), m));
+        self.write(true, move |txn| write_volume(txn, &vol, limit))
+    }
+
+    /// Like `put_volume`, for a change that needs no fsync of its own: a
+    /// crash may lose it, and start-up derives it again from a durable
+    /// witness (the mount table, the backend's data). It becomes durable
+    /// with the next durable commit.
+    pub fn put_volume_lazily(&self, vol: &Volume) -> StoreResult<()> {
+        let vol = vol.clone();
+        self.write(false, move |txn| write_volume(txn, &vol, None))
     }
 
     pub fn remove_volume(&self, id: &str) -> StoreResult<()> {
-        let txn = self.db.begin_write()?;
-        {
-            if let Some(old) = take::<Volume>(&txn, VOLUMES, "volumes", id)? {
-                release_name(&txn, VOLUME_NAMES, &old.name, id)?;
-                adjust(&txn, ALLOCATED, old.capacity_bytes, 0)?;
-                reindex_nodes(&txn, Some(&old), None)?;
+        self.remove_volume_with(id, true)
+    }
+
+    /// Like `remove_volume`, lazily (see `put_volume_lazily`).
+    pub fn remove_volume_lazily(&self, id: &str) -> StoreResult<()> {
+        self.remove_volume_with(id, false)
+    }
+
+    fn remove_volume_with(&self, id: &str, durable: bool) -> StoreResult<()> {
+        let id = id.to_string();
+        self.write(durable, move |txn| {
+            txn.open_table(UNFINISHED_VOLUMES)?.remove(id.as_str())?;
+            if let Some(old) = take::<Volume>(txn, VOLUMES, "volumes", &id)? {
+                release_name(txn, VOLUME_NAMES, &old.name, &id)?;
+                adjust(txn, ALLOCATED, old.capacity_bytes, 0)?;
+                reindex_nodes(txn, Some(&old), None)?;
             }
-        }
-        txn.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     pub fn list_volumes(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Volume>> {
         self.page(VOLUMES, "volumes", after, limit, |v: &Volume| {
             v.lifecycle == crate::volume::Lifecycle::Ready
         })
+    }
+
+    /// Volume records whose create or delete has not finished; the cost
+    /// grows with their number only.
+    pub fn unfinished_volumes(&self) -> StoreResult<Vec<Volume>> {
+        let ids: Vec<String> = {
+            let txn = self.db.begin_read()?;
+            let t = txn.open_table(UNFINISHED_VOLUMES)?;
+            let mut ids = Vec::new();
+            for entry in t.iter()? {
+                ids.push(entry?.0.value().to_string());
+            }
+            ids
+        };
+        self.volumes_of(ids)
+    }
+
+    /// The records of `ids` that exist (an index may name one removed since).
+    fn volumes_of(&self, ids: Vec<String>) -> StoreResult<Vec<Volume>> {
+        let mut vols = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(v) = self.volume(&id)? {
+                vols.push(v);
+            }
+        }
+        Ok(vols)
+    }
+
+    /// Snapshot records whose create or delete has not finished.
+    pub fn unfinished_snapshots(&self) -> StoreResult<Vec<Snapshot>> {
+        Ok(self
+            .page(SNAPSHOTS, "snapshots", None, usize::MAX, |s: &Snapshot| {
+                s.lifecycle != crate::volume::Lifecycle::Ready
+            })?
+            .items)
     }
 
     /// Volumes with ControllerPublish recorded on `node`.
@@ -263,13 +426,7 @@ impl Store {
             }
             ids
         };
-        let mut vols = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(v) = self.volume(&id)? {
-                vols.push(v);
-            }
-        }
-        Ok(vols)
+        self.volumes_of(ids)
     }
 
     pub fn allocated_bytes(&self) -> StoreResult<u64> {
@@ -293,36 +450,35 @@ impl Store {
     }
 
     pub fn put_snapshot(&self, snap: &Snapshot) -> StoreResult<()> {
-        let txn = self.db.begin_write()?;
-        {
+        let snap = snap.clone();
+        self.write(true, move |txn| {
             let mut snaps = txn.open_table(SNAPSHOTS)?;
+            // An undecodable old record is simply replaced.
             let old_bytes = match snaps.get(snap.id.as_str())? {
-                Some(v) => decode::<Snapshot>("snapshots", &snap.id, v.value())?.size_bytes,
+                Some(v) => decode::<Snapshot>("snapshots", &snap.id, v.value())
+                    .map_or(0, |old| old.charged_bytes()),
                 None => 0,
             };
-            snaps.insert(snap.id.as_str(), encode(snap)?.as_slice())?;
+            snaps.insert(snap.id.as_str(), encode(&snap)?.as_slice())?;
             txn.open_table(SNAPSHOT_NAMES)?
                 .insert(snap.name.as_str(), snap.id.as_str())?;
             txn.open_table(SNAPSHOTS_BY_SOURCE)?
                 .insert(pair(&snap.source_volume_id, &snap.id).as_str(), ())?;
-            adjust(&txn, ALLOCATED, old_bytes, snap.size_bytes)?;
-        }
-        txn.commit()?;
-        Ok(())
+            adjust(txn, ALLOCATED, old_bytes, snap.charged_bytes())
+        })
     }
 
     pub fn remove_snapshot(&self, id: &str) -> StoreResult<()> {
-        let txn = self.db.begin_write()?;
-        {
-            if let Some(old) = take::<Snapshot>(&txn, SNAPSHOTS, "snapshots", id)? {
-                release_name(&txn, SNAPSHOT_NAMES, &old.name, id)?;
+        let id = id.to_string();
+        self.write(true, move |txn| {
+            if let Some(old) = take::<Snapshot>(txn, SNAPSHOTS, "snapshots", &id)? {
+                release_name(txn, SNAPSHOT_NAMES, &old.name, &id)?;
                 txn.open_table(SNAPSHOTS_BY_SOURCE)?
-                    .remove(pair(&old.source_volume_id, id).as_str())?;
-                adjust(&txn, ALLOCATED, old.size_bytes, 0)?;
+                    .remove(pair(&old.source_volume_id, &id).as_str())?;
+                adjust(txn, ALLOCATED, old.charged_bytes(), 0)?;
             }
-        }
-        txn.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     pub fn list_snapshots(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Snapshot>> {
@@ -357,7 +513,10 @@ impl Store {
                 continue;
             }
             let Some(raw) = snaps.get(id)? else { continue };
-            let snap: Snapshot = decode("snapshots", id, raw.value())?;
+            // An undecodable snapshot is quarantined by the next direct read.
+            let Ok(snap) = decode::<Snapshot>("snapshots", id, raw.value()) else {
+                continue;
+            };
             if snap.lifecycle != crate::volume::Lifecycle::Ready {
                 continue;
             }
@@ -384,27 +543,96 @@ impl Store {
     }
 
     pub fn put_group(&self, group: &GroupSnapshot) -> StoreResult<()> {
-        let txn = self.db.begin_write()?;
-        {
+        let group = group.clone();
+        self.write(true, move |txn| {
             txn.open_table(GROUPS)?
-                .insert(group.id.as_str(), encode(group)?.as_slice())?;
+                .insert(group.id.as_str(), encode(&group)?.as_slice())?;
             txn.open_table(GROUP_NAMES)?
                 .insert(group.name.as_str(), group.id.as_str())?;
-        }
-        txn.commit()?;
-        Ok(())
+            Ok(())
+        })
     }
 
     pub fn remove_group(&self, id: &str) -> StoreResult<()> {
-        let txn = self.db.begin_write()?;
-        {
-            if let Some(old) = take::<GroupSnapshot>(&txn, GROUPS, "group_snapshots", id)? {
-                release_name(&txn, GROUP_NAMES, &old.name, id)?;
+        let id = id.to_string();
+        self.write(true, move |txn| {
+            if let Some(old) = take::<GroupSnapshot>(txn, GROUPS, "group_snapshots", &id)? {
+                release_name(txn, GROUP_NAMES, &old.name, &id)?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Writes a volume record and its indexes; with a limit, refuses (before
+/// writing anything) an attachment that would put `node` over `max`.
+fn write_volume(
+    txn: &redb::WriteTransaction,
+    vol: &Volume,
+    limit: Option<(String, u64)>,
+) -> StoreResult<()> {
+    let mut volumes = txn.open_table(VOLUMES)?;
+    let raw = volumes.get(vol.id.as_str())?.map(|v| v.value().to_vec());
+    let old: Option<Volume> = match raw {
+        Some(raw) => match decode("volumes", &vol.id, &raw) {
+            Ok(old) => Some(old),
+            Err(StoreError::Corrupt { .. }) => {
+                quarantine_in(txn, "volumes", &vol.id, &raw)?;
+                None
+            }
+            Err(e) => return Err(e),
+        },
+        None => None,
+    };
+    if let Some((node, max)) = limit {
+        let attached_on = |v: Option<&Volume>| {
+            v.and_then(|v| v.nodes.get(&node))
+                .is_some_and(|n| n.attachment.is_some())
+        };
+        if attached_on(Some(vol)) && !attached_on(old.as_ref()) {
+            let attached = counter(txn, &format!("{ATTACHED_PREFIX}{node}"))?;
+            if attached >= max {
+                return Err(StoreError::AttachLimit {
+                    node,
+                    attached,
+                    max,
+                });
             }
         }
-        txn.commit()?;
-        Ok(())
     }
+    volumes.insert(vol.id.as_str(), encode(vol)?.as_slice())?;
+    txn.open_table(VOLUME_NAMES)?
+        .insert(vol.name.as_str(), vol.id.as_str())?;
+    let mut unfinished = txn.open_table(UNFINISHED_VOLUMES)?;
+    if vol.lifecycle == crate::volume::Lifecycle::Ready {
+        unfinished.remove(vol.id.as_str())?;
+    } else {
+        unfinished.insert(vol.id.as_str(), ())?;
+    }
+    let old_bytes = old.as_ref().map_or(0, |o| o.capacity_bytes);
+    adjust(txn, ALLOCATED, old_bytes, vol.capacity_bytes)?;
+    reindex_nodes(txn, old.as_ref(), Some(vol))
+}
+
+/// Fills UNFINISHED_VOLUMES from every record (once per store).
+fn index_unfinished(txn: &redb::WriteTransaction) -> StoreResult<()> {
+    let mut ids = Vec::new();
+    {
+        let volumes = txn.open_table(VOLUMES)?;
+        for entry in volumes.iter()? {
+            let (k, v) = entry?;
+            let unfinished = decode::<Volume>("volumes", k.value(), v.value())
+                .is_ok_and(|vol| vol.lifecycle != crate::volume::Lifecycle::Ready);
+            if unfinished {
+                ids.push(k.value().to_string());
+            }
+        }
+    }
+    let mut index = txn.open_table(UNFINISHED_VOLUMES)?;
+    for id in ids {
+        index.insert(id.as_str(), ())?;
+    }
+    Ok(())
 }
 
 /// Removes and returns a record inside a write transaction.
@@ -414,9 +642,60 @@ fn take<T: DeserializeOwned>(
     table: &'static str,
     id: &str,
 ) -> StoreResult<Option<T>> {
-    let mut t = txn.open_table(def)?;
-    let old = t.remove(id)?;
-    old.map(|v| decode(table, id, v.value())).transpose()
+    let raw = txn.open_table(def)?.remove(id)?.map(|v| v.value().to_vec());
+    let Some(raw) = raw else { return Ok(None) };
+    match decode(table, id, &raw) {
+        Err(StoreError::Corrupt { .. }) => {
+            quarantine_in(txn, table, id, &raw)?;
+            Ok(None)
+        }
+        other => other.map(Some),
+    }
+}
+
+/// Keeps the raw bytes of an undecodable record aside; for a volume, also
+/// drops its node-index entries (their attach counts with them), which
+/// nothing could otherwise clear.
+fn quarantine_in(
+    txn: &redb::WriteTransaction,
+    table: &'static str,
+    id: &str,
+    raw: &[u8],
+) -> StoreResult<()> {
+    tracing::error!(
+        table,
+        id,
+        bytes = raw.len(),
+        "record cannot be decoded; moved to quarantine, the driver carries on without it"
+    );
+    crate::observe::housekeeping("quarantined_record");
+    txn.open_table(QUARANTINE)?
+        .insert(format!("{table}/{id}").as_str(), raw)?;
+    if table != "volumes" {
+        return Ok(());
+    }
+    txn.open_table(UNFINISHED_VOLUMES)?.remove(id)?;
+    let suffix = format!("\0{id}");
+    let mut stale = Vec::new();
+    {
+        let index = txn.open_table(NODE_VOLUMES)?;
+        for entry in index.iter()? {
+            let (k, v) = entry?;
+            if k.value().ends_with(&suffix) {
+                stale.push((k.value().to_string(), v.value()));
+            }
+        }
+    }
+    let mut index = txn.open_table(NODE_VOLUMES)?;
+    for (key, attached) in stale {
+        index.remove(key.as_str())?;
+        if attached == 1 {
+            if let Some((node, _)) = key.split_once('\0') {
+                adjust(txn, &format!("{ATTACHED_PREFIX}{node}"), 1, 0)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Frees `name` in a name index if it still points at `id` (a newer record
@@ -433,6 +712,12 @@ fn release_name(
         names.remove(name)?;
     }
     Ok(())
+}
+
+fn counter(txn: &redb::WriteTransaction, key: &str) -> StoreResult<u64> {
+    let t = txn.open_table(COUNTERS)?;
+    let value = t.get(key)?.map_or(0, |v| v.value());
+    Ok(value)
 }
 
 fn adjust(txn: &redb::WriteTransaction, key: &str, minus: u64, plus: u64) -> StoreResult<()> {
@@ -556,6 +841,115 @@ mod tests {
         store.remove_volume("a").unwrap();
         assert!(store.volume_by_name("name-a").unwrap().is_none());
         assert_eq!(store.allocated_bytes().unwrap(), 100);
+    }
+
+    fn corrupt(store: &Store, id: &str) {
+        let txn = store.db.begin_write().unwrap();
+        txn.open_table(VOLUMES)
+            .unwrap()
+            .insert(id, b"{not json".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+
+    #[test]
+    fn an_undecodable_record_is_quarantined_and_the_rest_keeps_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut bad = vol("bad", "name-bad");
+        attach(&mut bad, "n1");
+        store.put_volume(&bad).unwrap();
+        store.put_volume(&vol("good", "name-good")).unwrap();
+        corrupt(&store, "bad");
+        // Start-up (the node's reconciliation) reads the node's volumes.
+        assert!(store.volumes_on_node("n1").unwrap().is_empty());
+        assert_eq!(store.quarantined().unwrap(), 1);
+        assert_eq!(
+            store.attached_count("n1").unwrap(),
+            0,
+            "its attachment is released"
+        );
+        assert!(store.volume("bad").unwrap().is_none());
+        let page = store.list_volumes(None, 10).unwrap();
+        assert_eq!(page.items.len(), 1);
+        assert_eq!(page.items[0].id, "good");
+
+        // Listing meets one first; writing over one replaces it.
+        corrupt(&store, "good");
+        assert!(store.list_volumes(None, 10).unwrap().items.is_empty());
+        assert_eq!(store.quarantined().unwrap(), 2);
+        corrupt(&store, "again");
+        store.put_volume(&vol("again", "name-again")).unwrap();
+        assert_eq!(store.volume("again").unwrap().unwrap().name, "name-again");
+        assert_eq!(store.quarantined().unwrap(), 3);
+        corrupt(&store, "gone");
+        store.remove_volume("gone").unwrap();
+        assert!(store.volume("gone").unwrap().is_none());
+    }
+
+    #[test]
+    fn concurrent_writers_share_commits_and_the_attach_limit_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let writers: Vec<_> = (0..16)
+            .map(|t| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let mut attached = 0;
+                    for i in 0..20 {
+                        let mut v = vol(&format!("v{t}-{i}"), &format!("n{t}-{i}"));
+                        attach(&mut v, "busy-node");
+                        match store.put_volume_limited(&v, Some(("busy-node", 40))) {
+                            Ok(()) => attached += 1,
+                            Err(StoreError::AttachLimit { .. }) => {
+                                store.put_volume(&vol(&v.id, &v.name)).unwrap()
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                    attached
+                })
+            })
+            .collect();
+        let attached: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(attached, 40);
+        assert_eq!(store.attached_count("busy-node").unwrap(), 40);
+        assert_eq!(store.list_volumes(None, 1000).unwrap().items.len(), 320);
+        assert_eq!(store.allocated_bytes().unwrap(), 320 * 100);
+        // 320 records (plus the refusals' second write) in fewer commits.
+        assert!(
+            store.commit_rounds() < 300,
+            "{} commits for 600 writes",
+            store.commit_rounds()
+        );
+    }
+
+    #[test]
+    fn unfinished_volumes_are_indexed_through_their_lifecycle() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let ids = |s: &Store| {
+            s.unfinished_volumes()
+                .unwrap()
+                .into_iter()
+                .map(|v| v.id)
+                .collect::<Vec<_>>()
+        };
+        let mut a = vol("a", "name-a");
+        a.lifecycle = Lifecycle::Provisioning;
+        store.put_volume(&a).unwrap();
+        store.put_volume(&vol("b", "name-b")).unwrap();
+        assert_eq!(ids(&store), ["a"]);
+        a.lifecycle = Lifecycle::Ready;
+        store.put_volume_lazily(&a).unwrap();
+        assert!(ids(&store).is_empty());
+        a.lifecycle = Lifecycle::Deleting;
+        store.put_volume(&a).unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(ids(&store), ["a"]);
+        store.remove_volume("a").unwrap();
+        assert!(ids(&store).is_empty());
     }
 
     #[test]

@@ -188,6 +188,17 @@ pub struct Snapshot {
     pub lifecycle: Lifecycle,
     pub parameters: BTreeMap<String, String>,
     pub group_snapshot_id: Option<String>,
+    /// Bytes the snapshot's data really takes (a sparse or shared copy
+    /// takes far less than `size_bytes`), when the backend knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<u64>,
+}
+
+impl Snapshot {
+    /// What the snapshot counts against the backend's capacity.
+    pub fn charged_bytes(&self) -> u64 {
+        self.allocated_bytes.unwrap_or(self.size_bytes)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]

@@ -137,12 +137,26 @@ async fn controller_advertises_exactly_what_it_implements() {
         Type::GetVolume,
         Type::SingleNodeMultiWriter,
         Type::ModifyVolume,
+        Type::GetSnapshot,
     ]
     .iter()
     .map(|t| *t as i32)
     .collect();
     want.sort();
     assert_eq!(got, want);
+    // For validators that know only v1.10, what v1.12 added is not advertised.
+    let old = Driver::start(&["--csi-spec", "1.10"]).await;
+    let caps = old
+        .controller()
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(caps.capabilities.len(), want.len() - 1);
+    assert!(!caps.capabilities.iter().any(|c| matches!(
+        &c.r#type,
+        Some(C::Rpc(r)) if r.r#type == Type::GetSnapshot as i32
+    )));
     let g = d
         .group()
         .group_controller_get_capabilities(csi::GroupControllerGetCapabilitiesRequest {})
@@ -1505,4 +1519,99 @@ async fn probe_fails_precondition_when_the_backend_is_gone() {
         Some(true),
         "recovers"
     );
+}
+
+// Concurrent publishes of different volumes to one node: the attach limit
+// holds however the calls interleave (the count is taken inside the commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attach_limit_holds_under_concurrent_publishes() {
+    const LIMIT: usize = 2;
+    const VOLUMES: usize = 24;
+    let d = Driver::start(&["--max-volumes-per-node", &LIMIT.to_string()]).await;
+    let mut ids = Vec::new();
+    for i in 0..VOLUMES {
+        ids.push(make(&d, &format!("race-{i}")).await.volume_id);
+    }
+    for round in 0..3 {
+        let calls = ids.iter().map(|id| {
+            let mut c = d.controller();
+            let r = publish_req(id, NODE, false);
+            async move { c.controller_publish_volume(r).await }
+        });
+        let results = futures::future::join_all(calls).await;
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        for r in &results {
+            if let Err(e) = r {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+            }
+        }
+        assert_eq!(
+            ok, LIMIT,
+            "round {round}: {ok} publishes passed a limit of {LIMIT}"
+        );
+        for id in &ids {
+            d.controller()
+                .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                    volume_id: id.clone(),
+                    node_id: NODE.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn get_snapshot_follows_the_spec() {
+    let d = Driver::start(&[]).await;
+    let mut c = d.controller();
+    let v = make(&d, "gs-src").await;
+    let snap = c
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: v.volume_id.clone(),
+            name: "gs-snap".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let got = c
+        .get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(got.snapshot_id, snap.snapshot_id);
+    assert_eq!(got.source_volume_id, v.volume_id);
+    assert_eq!(got.size_bytes, snap.size_bytes);
+    assert!(got.ready_to_use && got.creation_time.is_some());
+    let missing = c
+        .get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: "snap-does-not-exist".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(missing), Code::NotFound);
+    let empty = c.get_snapshot(csi::GetSnapshotRequest::default()).await;
+    assert_eq!(code(empty), Code::InvalidArgument);
+    c.delete_snapshot(csi::DeleteSnapshotRequest {
+        snapshot_id: snap.snapshot_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let gone = c
+        .get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: snap.snapshot_id,
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(gone), Code::NotFound);
 }

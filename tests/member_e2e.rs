@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use common::req::snw;
 use csi_relay::csi;
 use csi_relay::member::relay_volume::RelayVolume;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -29,6 +30,9 @@ struct Env {
     member_kubeconfig: String,
     storage_class: String,
     namespace: String,
+    /// The member CSI driver's node plugin socket on this machine and the
+    /// driver's name, when its volumes are staged through it.
+    member_plugin: Option<(String, String)>,
 }
 
 fn env() -> Option<Env> {
@@ -37,6 +41,9 @@ fn env() -> Option<Env> {
         member_kubeconfig: std::env::var("RELAY_E2E_MEMBER_KUBECONFIG").ok()?,
         storage_class: std::env::var("RELAY_E2E_MEMBER_STORAGE_CLASS").ok()?,
         namespace: std::env::var("RELAY_E2E_MEMBER_NAMESPACE").unwrap_or_else(|_| "default".into()),
+        member_plugin: std::env::var("RELAY_E2E_MEMBER_CSI_DRIVER")
+            .ok()
+            .zip(std::env::var("RELAY_E2E_MEMBER_PLUGIN_SOCK").ok()),
     })
 }
 
@@ -116,15 +123,28 @@ async fn member_volume_lifecycle_on_real_clusters() {
         .await
         .expect("label host node");
 
+    // kubelet's plugins dir as the relay sees it: the member driver's node
+    // plugin socket at <dir>/<driver>/csi.sock.
+    let plugins = tempfile::tempdir().expect("plugins dir");
+    if let Some((driver, sock)) = &env.member_plugin {
+        std::fs::create_dir_all(plugins.path().join(driver)).unwrap();
+        std::os::unix::fs::symlink(sock, plugins.path().join(driver).join("csi.sock")).unwrap();
+    }
+    let member_arg = format!("e2e={}", env.member_kubeconfig);
+    let plugins_dir = plugins.path().to_string_lossy().into_owned();
     let mut d = common::Driver::start_as(
         &host_node,
         &[
             "--backend",
             "member",
             "--member",
-            &format!("e2e={}", env.member_kubeconfig),
+            &member_arg,
             "--host-kubeconfig",
             &env.host_kubeconfig,
+            "--plugins-dir",
+            &plugins_dir,
+            "--housekeeping-interval",
+            "2",
         ],
     )
     .await;
@@ -163,16 +183,76 @@ async fn member_volume_lifecycle_on_real_clusters() {
 
     let relay: Api<RelayVolume> = Api::all(host.clone());
     let rv_name = csi_relay::member::relay_volume::object_name(&vol.volume_id);
-    let phase = |rv: &RelayVolume| {
-        rv.status
-            .as_ref()
-            .and_then(|s| s.phase.clone())
-            .unwrap_or_default()
+    // RelayVolumes are mirrored off the RPC path: they follow shortly.
+    let wait_phase = |want: &'static str| {
+        let relay = relay.clone();
+        let rv_name = rv_name.clone();
+        async move {
+            eventually(
+                &format!("RelayVolume phase {want}"),
+                Duration::from_secs(30),
+                || {
+                    let relay = relay.clone();
+                    let rv_name = rv_name.clone();
+                    async move {
+                        let rv = relay.get_opt(&rv_name).await.ok().flatten()?;
+                        let p = rv.status.as_ref().and_then(|s| s.phase.clone())?;
+                        (p == want).then_some(())
+                    }
+                },
+            )
+            .await
+        }
     };
-    assert_eq!(
-        phase(&relay.get(&rv_name).await.expect("RelayVolume exists")),
-        "CREATED"
-    );
+    wait_phase("CREATED").await;
+
+    // A Kosmos-style virtual node standing for the whole member cluster
+    // (RELAY_E2E_VIRTUAL_NODE, tainted kosmos.io/node=true:NoSchedule):
+    // NODE_READY with no relay-made member attachment.
+    if let Ok(vnode) = std::env::var("RELAY_E2E_VIRTUAL_NODE") {
+        let member_label = serde_json::json!({"metadata": {"labels": {
+            "topology.relay.csi.dev/member": "e2e"}}});
+        host_nodes
+            .patch(
+                &vnode,
+                &PatchParams::default(),
+                &Patch::Merge(&member_label),
+            )
+            .await
+            .expect("label the virtual node");
+        let vas: Api<VolumeAttachment> = Api::all(member.clone());
+        let before = vas.list(&ListParams::default()).await.unwrap().items.len();
+        let reply = c
+            .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: vnode.clone(),
+                volume_capability: Some(snw()),
+                volume_context: vol.volume_context.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("ControllerPublishVolume to a virtual node")
+            .into_inner();
+        assert!(reply.publish_context.is_empty());
+        assert_eq!(
+            vas.list(&ListParams::default()).await.unwrap().items.len(),
+            before,
+            "no relay-made member attachment for a whole-cluster virtual node"
+        );
+        c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            node_id: vnode.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerUnpublishVolume from the virtual node");
+        let unlabel = serde_json::json!({"metadata": {"labels": {
+            "topology.relay.csi.dev/member": null}}});
+        host_nodes
+            .patch(&vnode, &PatchParams::default(), &Patch::Merge(&unlabel))
+            .await
+            .unwrap();
+    }
 
     // ControllerPublish retries (UNAVAILABLE) until the member PVC binds.
     let published = eventually(
@@ -199,7 +279,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     .await;
     let bound = pvcs.get(&pvc_name).await.unwrap();
     assert_eq!(bound.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
-    assert_eq!(phase(&relay.get(&rv_name).await.unwrap()), "NODE_READY");
+    wait_phase("NODE_READY").await;
 
     let staging = d.path("staging");
     std::fs::create_dir_all(&staging).unwrap();
@@ -215,7 +295,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     })
     .await
     .expect("NodeStageVolume mounts the member storage");
-    assert_eq!(phase(&relay.get(&rv_name).await.unwrap()), "VOL_READY");
+    wait_phase("VOL_READY").await;
     n.node_publish_volume(csi::NodePublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         publish_context: published.publish_context.clone(),
@@ -228,7 +308,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     .await
     .expect("NodePublishVolume");
     std::fs::write(target.join("hello"), b"from the host cluster").expect("the mount is writable");
-    assert_eq!(phase(&relay.get(&rv_name).await.unwrap()), "PUBLISHED");
+    wait_phase("PUBLISHED").await;
 
     // Unwind and delete: nothing left in either cluster.
     n.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
@@ -243,6 +323,67 @@ async fn member_volume_lifecycle_on_real_clusters() {
     })
     .await
     .unwrap();
+
+    // A member pod on the same member node uses the volume too: the
+    // member's attach/detach controller attaches it with its own
+    // VolumeAttachment. Unpublishing from the host must not detach it from
+    // under that pod; the relay's attachment is collected once the pod is
+    // gone.
+    let vas: Api<VolumeAttachment> = Api::all(member.clone());
+    let ours = |list: &[VolumeAttachment]| {
+        list.iter()
+            .find(|va| {
+                va.metadata.labels.as_ref().is_some_and(|l| {
+                    l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("csi-relay")
+                })
+            })
+            .and_then(|va| va.metadata.name.clone())
+    };
+    let pv_name = pvcs
+        .get(&pvc_name)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.volume_name)
+        .expect("bound PV");
+    let relay_va = ours(&vas.list(&ListParams::default()).await.unwrap().items)
+        .expect("the relay attached the member volume");
+    let pods: Api<Pod> = Api::namespaced(member.clone(), &env.namespace);
+    let pod_name = format!("e2e-member-pod-{}", std::process::id());
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name},
+        "spec": {"nodeName": member_node, "containers": [{"name": "c", "image": "busybox"}],
+                 "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": pvc_name}}]}}))
+    .unwrap();
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("member pod");
+    let pods_va = eventually(
+        "the member's own attachment",
+        Duration::from_secs(60),
+        || {
+            let vas = vas.clone();
+            let (pv, relay_va) = (pv_name.clone(), relay_va.clone());
+            async move {
+                vas.list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find_map(|va| {
+                        let name = va.metadata.name.clone()?;
+                        let attached = va.status.as_ref().is_some_and(|s| s.attached);
+                        (name != relay_va
+                            && attached
+                            && va.spec.source.persistent_volume_name.as_deref()
+                                == Some(pv.as_str()))
+                        .then_some(name)
+                    })
+            }
+        },
+    )
+    .await;
     c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
         volume_id: vol.volume_id.clone(),
         node_id: host_node.clone(),
@@ -250,6 +391,29 @@ async fn member_volume_lifecycle_on_real_clusters() {
     })
     .await
     .unwrap();
+    for name in [&relay_va, &pods_va] {
+        let va = vas.get(name).await.expect("still there");
+        assert!(
+            va.metadata.deletion_timestamp.is_none() && va.status.is_some_and(|s| s.attached),
+            "{name} must stay attached while the member pod uses the volume"
+        );
+    }
+    // No kubelet here finishes a graceful deletion: force it.
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete(&pod_name, &now).await.unwrap();
+    eventually(
+        "the relay's attachment to be collected",
+        Duration::from_secs(120),
+        || {
+            let vas = vas.clone();
+            let name = relay_va.clone();
+            async move { vas.get_opt(&name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
     c.delete_volume(csi::DeleteVolumeRequest {
         volume_id: vol.volume_id.clone(),
         ..Default::default()
@@ -269,10 +433,12 @@ async fn member_volume_lifecycle_on_real_clusters() {
         }
     })
     .await;
-    assert!(
-        relay.get_opt(&rv_name).await.unwrap().is_none(),
-        "RelayVolume removed"
-    );
+    eventually("RelayVolume removal", Duration::from_secs(30), || {
+        let relay = relay.clone();
+        let rv_name = rv_name.clone();
+        async move { relay.get_opt(&rv_name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
     let unlabel = serde_json::json!({"metadata": {"labels": {
         "topology.relay.csi.dev/member": null,
         "topology.relay.csi.dev/member-node": null,

@@ -756,3 +756,32 @@ async fn bind_mounted_member_volume_is_restored_after_a_crash() {
     assert_clean(&d);
     assert!(leftovers(host.path()).is_empty());
 }
+
+// The member volume and its plugin are gone (deleted under the mounts):
+// unpublish and unstage still succeed once nothing is mounted, so kubelet
+// can clean the pod up; while something is mounted the error stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_member_volume_never_wedges_unpublish_or_unstage() {
+    require_mounts!();
+    let mut member = member_plugin().await;
+    let _member_scrub = Scrub::new(&member);
+    let d = relay(&member.path("plugins")).await;
+    let _scrub = Scrub::new(&d);
+    let (_mv, hv, target) = proxied_and_published(&member, &d, "gone").await;
+
+    member.stop();
+    let err = expect_code(
+        try_unpublish(&d, &hv.id, &target).await,
+        Code::Unavailable,
+        "unpublish through a gone plugin while the target is mounted",
+    );
+    assert!(err.message().contains(MEMBER_DRIVER), "{}", err.message());
+    assert!(is_mounted(&target));
+
+    run("umount", &[&s(&target)]);
+    unpublish(&d, &hv.id, &target).await;
+    run("umount", &[&s(&hv.staging)]);
+    unstage(&d, &hv).await;
+    forgotten(&d, &hv).await;
+    assert_clean(&d);
+}

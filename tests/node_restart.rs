@@ -24,6 +24,7 @@ async fn lost_target_mount_is_restored_after_a_crash() {
     let target = d.path("pods/p1/vol");
     publish(&d, &v, &target, false).await;
     fs::write(target.join("keep.txt"), b"before the crash").unwrap();
+    outcomes_durable().await;
 
     d.crash();
     run("umount", &[&s(&target)]);
@@ -64,6 +65,7 @@ async fn lost_ext4_mounts_are_restored_after_a_crash() {
     let target = d.path("pods/p1/vol");
     publish(&d, &v, &target, false).await;
     fs::write(target.join("keep.txt"), b"on ext4").unwrap();
+    outcomes_durable().await;
 
     d.crash();
     run("umount", &[&s(&target)]);
@@ -157,7 +159,8 @@ async fn restart_while_published_then_unwind() {
     check_and_unwind(&d, vols).await;
 }
 
-// 9b. The same after SIGKILL.
+// 9b. The same after SIGKILL, right after the last publish: the outcome
+// commits a crash may lose are recovered from the mount table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_while_published_then_unwind() {
     require_mounts!();
@@ -177,6 +180,7 @@ async fn everything_lost_while_down_is_restored() {
     let mut d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
     let vols = publish_all_kinds(&d).await;
+    outcomes_durable().await;
     d.crash();
     for (v, target) in &vols {
         run("umount", &[&s(target)]);

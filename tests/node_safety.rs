@@ -263,3 +263,32 @@ async fn node_member_joins_the_node_topology() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--node-member"));
 }
+
+// A target at, inside or above the staging path would bind the staged
+// volume onto itself, and unstaging would then fail for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_overlapping_the_staging_path_is_refused() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let v = ready_volume(&d, "overlap", 32 * MIB, mount_cap(Mode::SingleNodeWriter)).await;
+    let link = d.path("pods/link-into-staging");
+    fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&v.staging, &link).unwrap();
+    for target in [v.staging.clone(), v.staging.join("inner"), link.join("vol")] {
+        let err = expect_code(
+            try_publish(&d, publish_req(&v, &target, false)).await,
+            Code::InvalidArgument,
+            "target overlapping staging",
+        );
+        assert!(
+            err.message().contains("target_path") && err.message().contains("staging_target_path"),
+            "{}",
+            err.message()
+        );
+    }
+    assert!(!is_mounted(&v.staging.join("inner")));
+    fs::remove_file(&link).unwrap();
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}

@@ -9,14 +9,16 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::backend::{
-    requested_topology, tree_copy::copy_tree, Backend, Health, NodeSource, Placement, SourceData,
+    requested_topology, sparse_copy, tree_copy::copy_tree, Backend, DataKind, Health, NodeSource,
+    Placement, SourceData, StoredData,
 };
 use crate::capability::Capability;
 use crate::config::TOPOLOGY_NODE_KEY;
 use crate::csi;
 use crate::error::{CsiError, CsiResult};
+use crate::mount::freeze::freeze;
 use crate::params::{BackingChoice, SnapshotParams, VolumeParams};
-use crate::volume::{Backing, Snapshot, Volume};
+use crate::volume::{Backing, Progress, Snapshot, Volume};
 
 pub struct LocalBackend {
     volumes: PathBuf,
@@ -130,6 +132,27 @@ fn create_atomically(dst: &Path, fill: impl FnOnce(&Path) -> io::Result<()>) -> 
     fsync_dir(parent)
 }
 
+/// Bytes a file or directory tree takes on disk.
+fn allocated(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = fs::symlink_metadata(path).ok()?;
+    if !meta.is_dir() {
+        return Some(meta.blocks() * 512);
+    }
+    let mut total = 0;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).ok()?.flatten() {
+            let m = entry.metadata().ok()?;
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Some(total)
+}
+
 fn sparse_file(path: &Path, size: u64) -> io::Result<()> {
     let f = fs::OpenOptions::new()
         .create_new(true)
@@ -174,6 +197,17 @@ impl LocalBackend {
 
     pub fn snapshot_path(&self, snap: &Snapshot) -> CsiResult<PathBuf> {
         data_path(&self.snapshots, &snap.id, &snap.backing)
+    }
+
+    /// Where a block-file volume's filesystem is mounted on this node, if
+    /// it is staged here with one.
+    fn staged_filesystem(&self, vol: &Volume) -> Option<PathBuf> {
+        if !matches!(vol.backing, Backing::BlockFile { .. }) {
+            return None;
+        }
+        let stage = vol.node(&self.node_id)?.stage.as_ref()?;
+        let mounted = stage.progress == Progress::Done && !stage.capability.is_block();
+        mounted.then(|| PathBuf::from(&stage.path))
     }
 
     fn source_path(&self, source: &SourceData<'_>, want: &Backing) -> CsiResult<PathBuf> {
@@ -300,16 +334,23 @@ impl Backend for LocalBackend {
                 (Backing::Directory, Some(src)) => copy_tree(src, tmp).map(|_| ()),
                 (Backing::BlockFile { .. }, None) => sparse_file(tmp, size),
                 (Backing::BlockFile { .. }, Some(src)) => {
-                    fs::copy(src, tmp)?;
+                    sparse_copy::copy_file(src, tmp)?;
                     let f = fs::OpenOptions::new().write(true).open(tmp)?;
                     if f.metadata()?.len() < size {
                         f.set_len(size)?;
+                        f.sync_all()?;
                     }
-                    f.sync_all()
+                    Ok(())
                 }
             })
         })
         .await
+    }
+
+    async fn created(&self, vol: &Volume) -> bool {
+        // Data only ever gets its final name complete (a rename of a
+        // finished, fsynced copy).
+        self.volume_path(vol).is_ok_and(|p| p.exists())
     }
 
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {
@@ -344,17 +385,35 @@ impl Backend for LocalBackend {
     async fn create_snapshot(&self, snap: &Snapshot, source: &Volume) -> CsiResult<()> {
         let src = self.source_path(&SourceData::Volume(source), &snap.backing)?;
         let dst = self.snapshot_path(snap)?;
+        let staged = self.staged_filesystem(source);
+        let id = source.id.clone();
         blocking(move || {
             create_atomically(&dst, |tmp| {
                 if src.is_dir() {
-                    copy_tree(&src, tmp).map(|_| ())
-                } else {
-                    fs::copy(&src, tmp)?;
-                    fs::File::open(tmp)?.sync_all()
+                    return copy_tree(&src, tmp).map(|_| ());
                 }
+                // A filesystem in use on this node is frozen for the copy,
+                // so the snapshot is a clean image; without a freeze (not
+                // staged here, or the freeze refused) it is crash-consistent.
+                let _frozen = staged.and_then(|mount| match freeze(&mount) {
+                    Ok(f) => {
+                        tracing::debug!(volume_id = %id, mount = %mount.display(), "filesystem frozen for the snapshot copy");
+                        Some(f)
+                    }
+                    Err(e) => {
+                        tracing::warn!(volume_id = %id, mount = %mount.display(), error = %e, "cannot freeze the filesystem; the snapshot is crash-consistent");
+                        None
+                    }
+                });
+                sparse_copy::copy_file(&src, tmp).map(|_| ())
             })
         })
         .await
+    }
+
+    async fn snapshot_allocated(&self, snap: &Snapshot) -> Option<u64> {
+        let path = self.snapshot_path(snap).ok()?;
+        blocking(move || Ok(allocated(&path))).await.ok().flatten()
     }
 
     async fn delete_snapshot(&self, snap: &Snapshot) -> CsiResult<()> {
@@ -363,6 +422,65 @@ impl Backend for LocalBackend {
         blocking(move || {
             remove_any(&path).map_err(|e| CsiError::io("remove snapshot data", &path, e))?;
             fsync_dir(&parent)
+        })
+        .await
+    }
+
+    async fn stored_data(&self) -> CsiResult<Vec<StoredData>> {
+        let dirs = [
+            (DataKind::Volume, self.volumes.clone()),
+            (DataKind::Snapshot, self.snapshots.clone()),
+        ];
+        blocking(move || {
+            let mut found = Vec::new();
+            for (kind, dir) in dirs {
+                let entries = fs::read_dir(&dir).map_err(|e| CsiError::io("list", &dir, e))?;
+                for entry in entries {
+                    let entry = entry.map_err(|e| CsiError::io("list", &dir, e))?;
+                    let name = entry.file_name();
+                    let Some(name) = name.to_str() else {
+                        tracing::warn!(path = %entry.path().display(), "unexpected entry in the data directory; left alone");
+                        continue;
+                    };
+                    let (temporary, rest) = match name.strip_prefix(".tmp-") {
+                        Some(rest) => (true, rest),
+                        None => (false, name),
+                    };
+                    let id = rest.strip_suffix(".img").unwrap_or(rest);
+                    if component(id).is_err() {
+                        tracing::warn!(path = %entry.path().display(), "unexpected entry in the data directory; left alone");
+                        continue;
+                    }
+                    found.push(StoredData {
+                        kind,
+                        id: id.to_string(),
+                        path: entry.path(),
+                        temporary,
+                    });
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    async fn remove_data(&self, data: &StoredData) -> CsiResult<()> {
+        let path = data.path.clone();
+        let inside = [&self.volumes, &self.snapshots]
+            .iter()
+            .any(|dir| path.parent() == Some(dir.as_path()));
+        if !inside {
+            return Err(CsiError::Internal(format!(
+                "{} is not in this backend's data directories",
+                path.display()
+            )));
+        }
+        blocking(move || {
+            remove_any(&path).map_err(|e| CsiError::io("remove orphaned data", &path, e))?;
+            match path.parent() {
+                Some(parent) => fsync_dir(parent),
+                None => Ok(()),
+            }
         })
         .await
     }

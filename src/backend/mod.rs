@@ -8,6 +8,7 @@
 //! or a cancelled RPC converges on the same result without duplicates.
 
 pub mod local;
+pub mod sparse_copy;
 pub mod tree_copy;
 
 use std::collections::{BTreeMap, HashMap};
@@ -51,6 +52,34 @@ pub enum NodeSource {
     /// A member cluster's PersistentVolume source (NFS export, host path,
     /// local path or CSI volume), as ControllerPublishVolume described it.
     Member(Box<crate::member::source::MemberSource>),
+}
+
+/// Whose data a stored entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataKind {
+    Volume,
+    Snapshot,
+}
+
+/// One entry of a backend's own storage: a volume's or snapshot's data, or
+/// a temporary one still being filled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredData {
+    pub kind: DataKind,
+    pub id: String,
+    pub path: std::path::PathBuf,
+    pub temporary: bool,
+}
+
+/// An attachment the backend itself made on its storage's side (a member
+/// VolumeAttachment), found by its marks; housekeeping removes those no
+/// record wants any more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnAttachment {
+    pub volume_id: String,
+    pub name: String,
+    /// Where it lives (the member cluster), for logs.
+    pub place: String,
 }
 
 /// What the backend decides for a new volume before anything is allocated.
@@ -158,6 +187,13 @@ pub trait Backend: Send + Sync + 'static {
     /// retry after a partial attempt completes it.
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()>;
 
+    /// Whether the volume's storage is completely there, as `create_volume`
+    /// leaves it (a witness of a finished create whose `Ready` commit a
+    /// crash lost). `false` when the backend cannot tell.
+    async fn created(&self, _vol: &Volume) -> bool {
+        false
+    }
+
     /// Releases the volume's storage. Already absent is success.
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()>;
 
@@ -167,12 +203,39 @@ pub trait Backend: Send + Sync + 'static {
     /// Cuts a point-in-time copy of `source` for `snap`. Idempotent.
     async fn create_snapshot(&self, snap: &Snapshot, source: &Volume) -> CsiResult<()>;
 
+    /// Bytes a cut snapshot's data really takes, if the backend can tell.
+    async fn snapshot_allocated(&self, _snap: &Snapshot) -> Option<u64> {
+        None
+    }
+
     /// Releases a snapshot. Already absent is success.
     async fn delete_snapshot(&self, snap: &Snapshot) -> CsiResult<()>;
+
+    /// Every piece of data the backend keeps on this machine, for the
+    /// housekeeping sweep that reclaims data no record owns.
+    async fn stored_data(&self) -> CsiResult<Vec<StoredData>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes one entry `stored_data` listed. Already absent is success.
+    async fn remove_data(&self, _data: &StoredData) -> CsiResult<()> {
+        Ok(())
+    }
 
     /// Makes the volume available to `node_id`; returns the publish_context the
     /// node side needs.
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>>;
+
+    /// Every attachment this backend made on its storage's side.
+    async fn own_attachments(&self) -> CsiResult<Vec<OwnAttachment>> {
+        Ok(Vec::new())
+    }
+
+    /// Removes `a` unless something else still uses the volume there;
+    /// true when it was removed.
+    async fn collect_attachment(&self, _a: &OwnAttachment) -> CsiResult<bool> {
+        Ok(false)
+    }
 
     /// Reverses `attach`. Already detached is success.
     async fn detach(&self, vol: &Volume, node_id: &str) -> CsiResult<()>;

@@ -1,8 +1,13 @@
-//! Load generator: measures what one volume lifecycle costs with few and
-//! with many existing volumes, and how parallel calls scale. It starts the
-//! `csi-relay` binary built next to it on a private socket and state dir.
+//! Load generator: the full lifecycle a pod makes a driver go through
+//! (CreateVolume, ControllerPublish, NodeStage, NodePublish and back down,
+//! 1 MiB directory volumes) over the real socket, at several client counts
+//! and with few and many existing volumes. It prints lifecycles/s, per-call
+//! p50/p99 and the driver's RSS. It starts the `csi-relay` binary built
+//! next to it on a private socket and state dir (root: it mounts).
 //!
-//! `cargo run --release --bin relay-bench -- [--volumes 10,10000] [--lifecycles 200] [--parallel 16]`
+//! `cargo run --release --bin relay-bench -- [--clients 1,16,64] [--volumes 0,10000] [--lifecycles 400]`
+//! `cargo run --release --bin relay-bench -- --snapshots` times snapshot and
+//! clone of a 10 GiB sparse block volume holding 1 MiB of data.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,17 +19,120 @@ use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 #[derive(Parser)]
-#[command(about = "Measure csi-relay lifecycle cost against the number of existing volumes")]
+#[command(about = "Measure csi-relay's full volume lifecycle over its socket")]
 struct Args {
     /// Existing-volume counts to measure at.
-    #[arg(long, value_delimiter = ',', default_value = "10,10000")]
+    #[arg(long, value_delimiter = ',', default_value = "0,10000")]
     volumes: Vec<usize>,
-    /// Lifecycles (create, publish, unpublish, delete) measured at each count.
-    #[arg(long, default_value_t = 200)]
+    /// Concurrent clients to measure with.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// Lifecycles measured at each point (spread over the clients).
+    #[arg(long, default_value_t = 400)]
     lifecycles: usize,
-    /// Concurrent clients for the throughput run.
-    #[arg(long, default_value_t = 16)]
-    parallel: usize,
+    /// Instead: time snapshot, restore and clone of a sparse block volume.
+    #[arg(long)]
+    snapshots: bool,
+    /// Size of the volume for --snapshots.
+    #[arg(long, default_value_t = 10 << 30)]
+    snapshot_volume_bytes: i64,
+}
+
+fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
+}
+
+/// Snapshot and clone of a big sparse volume with a little data: what the
+/// copy costs in time and in disk.
+async fn snapshots(
+    c: &mut ControllerClient<Channel>,
+    state: &Path,
+    bytes: i64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use std::os::unix::fs::FileExt;
+    let block = csi::VolumeCapability {
+        access_type: Some(volume_capability::AccessType::Block(Default::default())),
+        ..cap()
+    };
+    let mut req = create_req("snap-src".into());
+    req.capacity_range = Some(csi::CapacityRange {
+        required_bytes: bytes,
+        limit_bytes: 0,
+    });
+    req.volume_capabilities = vec![block];
+    let src = c
+        .create_volume(req.clone())
+        .await?
+        .into_inner()
+        .volume
+        .ok_or("no volume")?;
+    let file = state.join("volumes").join(format!("{}.img", src.volume_id));
+    let f = std::fs::OpenOptions::new().write(true).open(&file)?;
+    // 1 MiB of data: half at the start, half at the end.
+    f.write_all_at(&[0xa5; 512 << 10], 0)?;
+    f.write_all_at(&[0x5a; 512 << 10], bytes as u64 - (512 << 10))?;
+    f.sync_all()?;
+    println!(
+        "source: {} GiB volume, {} bytes allocated",
+        bytes >> 30,
+        allocated(&file)
+    );
+    let t = Instant::now();
+    let snap = c
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: src.volume_id.clone(),
+            name: "snap".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .snapshot
+        .ok_or("no snapshot")?;
+    let snap_secs = t.elapsed().as_secs_f64();
+    let snap_file = state
+        .join("snapshots")
+        .join(format!("{}.img", snap.snapshot_id));
+    println!(
+        "  CreateSnapshot            {snap_secs:>8.3} s   {:>12} bytes allocated",
+        allocated(&snap_file)
+    );
+    for (name, source) in [
+        (
+            "restore",
+            csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: snap.snapshot_id.clone(),
+                },
+            ),
+        ),
+        (
+            "clone",
+            csi::volume_content_source::Type::Volume(csi::volume_content_source::VolumeSource {
+                volume_id: src.volume_id.clone(),
+            }),
+        ),
+    ] {
+        let mut r = req.clone();
+        r.name = name.into();
+        r.volume_content_source = Some(csi::VolumeContentSource {
+            r#type: Some(source),
+        });
+        let t = Instant::now();
+        let v = c
+            .create_volume(r)
+            .await?
+            .into_inner()
+            .volume
+            .ok_or("no volume")?;
+        let secs = t.elapsed().as_secs_f64();
+        let path = state.join("volumes").join(format!("{}.img", v.volume_id));
+        println!(
+            "  CreateVolume ({name:<7})    {secs:>8.3} s   {:>12} bytes allocated",
+            allocated(&path)
+        );
+    }
+    Ok(())
 }
 
 struct Server {
@@ -106,6 +214,128 @@ fn report(name: &str, mut samples: Vec<Duration>) {
     );
 }
 
+/// Per-call latencies of the runs.
+#[derive(Default)]
+struct Samples {
+    calls: Vec<(&'static str, Vec<Duration>)>,
+}
+
+impl Samples {
+    fn add(&mut self, name: &'static str, d: Duration) {
+        match self.calls.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.push(d),
+            None => self.calls.push((name, vec![d])),
+        }
+    }
+
+    fn merge(&mut self, other: Samples) {
+        for (name, v) in other.calls {
+            for d in v {
+                self.add(name, d);
+            }
+        }
+    }
+}
+
+/// VmRSS and VmHWM of `pid`, in KiB.
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// One full lifecycle, as kubelet and the sidecars drive it.
+async fn lifecycle(channel: &Channel, base: &Path, name: &str, s: &mut Samples) -> BenchResult<()> {
+    use csi_relay::csi::node_client::NodeClient;
+    let mut c = ControllerClient::new(channel.clone());
+    let mut n = NodeClient::new(channel.clone());
+    let staging = base.join(name).join("staging");
+    let target = base.join(name).join("target");
+    std::fs::create_dir_all(&staging)?;
+    let t = Instant::now();
+    let vol = c
+        .create_volume(create_req(name.to_string()))
+        .await?
+        .into_inner()
+        .volume
+        .ok_or("no volume")?;
+    s.add("CreateVolume", t.elapsed());
+    let id = vol.volume_id;
+    let t = Instant::now();
+    let published = c
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "bench-node".into(),
+            volume_capability: Some(cap()),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    s.add("ControllerPublishVolume", t.elapsed());
+    let t = Instant::now();
+    n.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: id.clone(),
+        publish_context: published.publish_context.clone(),
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await?;
+    s.add("NodeStageVolume", t.elapsed());
+    let t = Instant::now();
+    n.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        publish_context: published.publish_context,
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap()),
+        ..Default::default()
+    })
+    .await?;
+    s.add("NodePublishVolume", t.elapsed());
+    let t = Instant::now();
+    n.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await?;
+    s.add("NodeUnpublishVolume", t.elapsed());
+    let t = Instant::now();
+    n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.display().to_string(),
+    })
+    .await?;
+    s.add("NodeUnstageVolume", t.elapsed());
+    let t = Instant::now();
+    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "bench-node".into(),
+        ..Default::default()
+    })
+    .await?;
+    s.add("ControllerUnpublishVolume", t.elapsed());
+    let t = Instant::now();
+    c.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: id,
+        ..Default::default()
+    })
+    .await?;
+    s.add("DeleteVolume", t.elapsed());
+    let _ = std::fs::remove_dir(&staging);
+    let _ = std::fs::remove_dir(base.join(name));
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -133,10 +363,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let channel = connect(&socket).await?;
     let mut c = ControllerClient::new(channel.clone());
-
+    if args.snapshots {
+        return snapshots(&mut c, &dir.join("state"), args.snapshot_volume_bytes).await;
+    }
+    let pid = _server.child.id();
+    println!("driver idle RSS: {} KiB", rss_kib(pid).0);
+    // The floor every call pays: a round trip that does no work.
+    let mut n = csi_relay::csi::node_client::NodeClient::new(channel.clone());
+    let mut floor = Vec::new();
+    for _ in 0..500 {
+        let t = Instant::now();
+        n.node_get_info(csi::NodeGetInfoRequest {}).await?;
+        floor.push(t.elapsed());
+    }
+    report("NodeGetInfo (no work)", floor);
     let mut existing = 0usize;
     let mut targets = args.volumes.clone();
     targets.sort_unstable();
+    let mut run = 0;
     for target in targets {
         let started = Instant::now();
         while existing < target {
@@ -144,77 +388,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .await?;
             existing += 1;
         }
-        println!(
-            "with {existing} existing volumes (filled in {:.1} s):",
-            started.elapsed().as_secs_f64()
-        );
-        let (mut create, mut publish, mut unpublish, mut delete, mut whole) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        for i in 0..args.lifecycles {
-            let t0 = Instant::now();
-            let vol = c
-                .create_volume(create_req(format!("bench-{target}-{i}")))
-                .await?
-                .into_inner()
-                .volume
-                .ok_or("no volume")?;
-            let t1 = Instant::now();
-            c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: "bench-node".into(),
-                volume_capability: Some(cap()),
-                ..Default::default()
-            })
-            .await?;
-            let t2 = Instant::now();
-            c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: "bench-node".into(),
-                ..Default::default()
-            })
-            .await?;
-            let t3 = Instant::now();
-            c.delete_volume(csi::DeleteVolumeRequest {
-                volume_id: vol.volume_id,
-                ..Default::default()
-            })
-            .await?;
-            let t4 = Instant::now();
-            create.push(t1 - t0);
-            publish.push(t2 - t1);
-            unpublish.push(t3 - t2);
-            delete.push(t4 - t3);
-            whole.push(t4 - t0);
+        if target > 0 {
+            println!(
+                "filled {existing} volumes in {:.1} s; RSS {} KiB",
+                started.elapsed().as_secs_f64(),
+                rss_kib(pid).0
+            );
         }
-        report("CreateVolume", create);
-        report("ControllerPublishVolume", publish);
-        report("ControllerUnpublishVolume", unpublish);
-        report("DeleteVolume", delete);
-        report("whole lifecycle", whole);
-    }
-
-    // Throughput: independent volumes from many clients at once.
-    let per_client = args.lifecycles.max(args.parallel) / args.parallel;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..args.parallel {
-        let mut c = ControllerClient::new(channel.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in 0..per_client {
-                c.create_volume(create_req(format!("par-{w}-{i}"))).await?;
+        for &clients in &args.clients {
+            run += 1;
+            let per_client = args.lifecycles.div_ceil(clients.max(1));
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for w in 0..clients {
+                let channel = channel.clone();
+                let base = dir.join(format!("r{run}-c{w}"));
+                tasks.push(tokio::spawn(async move {
+                    let mut samples = Samples::default();
+                    for i in 0..per_client {
+                        lifecycle(&channel, &base, &format!("r{run}-c{w}-{i}"), &mut samples)
+                            .await?;
+                    }
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(samples)
+                }));
             }
-            Ok::<_, tonic::Status>(())
-        }));
+            let mut all = Samples::default();
+            for t in tasks {
+                all.merge(t.await?.map_err(|e| e.to_string())?);
+            }
+            let secs = started.elapsed().as_secs_f64();
+            let n = per_client * clients;
+            let (rss, hwm) = rss_kib(pid);
+            println!(
+                "{existing:>6} existing, {clients:>3} clients: {:>7.1} lifecycles/s ({n} in {secs:.2} s), RSS {rss} KiB (peak {hwm} KiB)",
+                n as f64 / secs
+            );
+            for (name, samples) in all.calls {
+                report(name, samples);
+            }
+        }
     }
-    for t in tasks {
-        t.await??;
-    }
-    let n = per_client * args.parallel;
-    let secs = started.elapsed().as_secs_f64();
-    println!(
-        "parallel: {n} CreateVolume from {} clients in {secs:.2} s = {:.0} volumes/s",
-        args.parallel,
-        n as f64 / secs
-    );
     Ok(())
 }

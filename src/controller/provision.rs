@@ -191,8 +191,8 @@ pub async fn create_volume(
     }
     let _guard = d.limiter.try_acquire(&keys)?;
 
-    let lookup = name.clone();
-    let mut vol = match d.db(move |s| s.volume_by_name(&lookup)).await? {
+    // Reads run in place (see `Driver::find_volume`).
+    let mut vol = match d.store.volume_by_name(&name)? {
         Some(existing) => {
             if let Some(why) = mismatch(&existing, &range, &caps, &parameters, &source) {
                 return Err(CsiError::AlreadyExists(format!(
@@ -230,7 +230,7 @@ pub async fn create_volume(
                 }
             }
             let total = d.backend.total_capacity().await?;
-            let used = d.db(|s| s.allocated_bytes()).await?;
+            let used = d.store.allocated_bytes()?;
             if used.saturating_add(size) > total {
                 return Err(CsiError::ResourceExhausted(format!(
                     "{size} bytes requested but only {} of {total} bytes are free",
@@ -259,13 +259,27 @@ pub async fn create_volume(
         }
     };
 
-    match &vol.source {
-        None => d.backend.create_volume(&vol, None).await?,
+    allocate(d, &vol).await?;
+    vol.lifecycle = Lifecycle::Ready;
+    // Local data renamed into place witnesses the creation: start-up turns
+    // a `Provisioning` record whose data is there into `Ready`.
+    d.put_outcome(&vol).await?;
+    tracing::info!(volume_id = %vol.id, name = %vol.name, bytes = vol.capacity_bytes, backing = ?vol.backing, "volume created");
+    Ok(reply(&vol))
+}
+
+/// Has the backend allocate a volume's storage from its content source.
+/// NOT_FOUND is reserved to a missing content source: a backend's own "not
+/// found" (a member namespace or class that does not exist) is a
+/// precondition the admin must fix.
+async fn allocate(d: &Driver, vol: &Volume) -> CsiResult<()> {
+    let allocated = match &vol.source {
+        None => d.backend.create_volume(vol, None).await,
         Some(ContentSource::Snapshot(id)) => {
             let snap = ready_snapshot(d, id).await?;
             d.backend
-                .create_volume(&vol, Some(SourceData::Snapshot(&snap)))
-                .await?
+                .create_volume(vol, Some(SourceData::Snapshot(&snap)))
+                .await
         }
         Some(ContentSource::Volume(id)) => {
             let src = d.volume(id).await?;
@@ -273,14 +287,14 @@ pub async fn create_volume(
                 return Err(CsiError::VolumeNotFound(id.clone()));
             }
             d.backend
-                .create_volume(&vol, Some(SourceData::Volume(&src)))
-                .await?
+                .create_volume(vol, Some(SourceData::Volume(&src)))
+                .await
         }
-    }
-    vol.lifecycle = Lifecycle::Ready;
-    d.put_volume(&vol).await?;
-    tracing::info!(volume_id = %vol.id, name = %vol.name, bytes = vol.capacity_bytes, backing = ?vol.backing, "volume created");
-    Ok(reply(&vol))
+    };
+    allocated.map_err(|e| match e {
+        CsiError::NotFound(why) => CsiError::FailedPrecondition(why),
+        other => other,
+    })
 }
 
 fn reply(vol: &Volume) -> csi::CreateVolumeResponse {
@@ -327,7 +341,9 @@ pub async fn delete_volume(
         d.put_volume(&vol).await?;
     }
     d.backend.delete_volume(&vol).await?;
-    d.remove_volume(&vol).await?;
+    // The durable `Deleting` record and the data's absence witness this:
+    // start-up housekeeping finishes a lost removal.
+    d.remove_outcome(&vol).await?;
     tracing::info!(volume_id = %vol.id, name = %vol.name, "volume deleted");
     Ok(csi::DeleteVolumeResponse {})
 }

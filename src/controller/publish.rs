@@ -26,37 +26,51 @@ pub async fn publish(
     let limit = match d.config.max_volumes_per_node {
         0 => None,
         max => {
-            let node = node_id.clone();
-            let attached_on_node = d.db(move |s| s.attached_count(&node)).await?;
+            let attached_on_node = d.store.attached_count(&node_id)?;
             Some(AttachLimit {
                 attached_on_node,
                 max,
             })
         }
     };
-    let mut next = match state::controller_publish(&vol, &node_id, req.readonly, &cap, limit)? {
-        Step::Unchanged => {
-            let context = vol
-                .node(&node_id)
-                .and_then(|n| n.attachment.as_ref())
-                .map(|a| a.publish_context.clone())
-                .unwrap_or_default();
-            return Ok(csi::ControllerPublishVolumeResponse {
-                publish_context: context.into_iter().collect(),
-            });
+    let (attached, new) =
+        match state::controller_publish(&vol, &node_id, req.readonly, &cap, limit)? {
+            Step::Unchanged => (vol, false),
+            Step::Next(next) => {
+                // The intent first, so no member attachment can exist that no
+                // record knows of (a cancelled call or a crash after creating it
+                // would leak it); the attach limit is enforced in this commit.
+                let max = d.config.max_volumes_per_node;
+                d.put_volume_limited(&next, (max > 0).then_some((&node_id, max)))
+                    .await?;
+                (*next, true)
+            }
+        };
+    let mut context = attached
+        .node(&node_id)
+        .and_then(|n| n.attachment.as_ref())
+        .map(|a| a.publish_context.clone())
+        .unwrap_or_default();
+    if context.is_empty() {
+        // Attach (again): a new attachment, one whose attach failed or was
+        // cut short, or a record rebuilt from an untrusted copy. The
+        // backend's attach is idempotent.
+        context = d.backend.attach(&attached, &node_id).await?;
+        if !context.is_empty() {
+            let mut done = attached.clone();
+            if let Some(a) = done
+                .nodes
+                .get_mut(&node_id)
+                .and_then(|n| n.attachment.as_mut())
+            {
+                a.publish_context = context.clone();
+            }
+            d.put_volume(&done).await?;
         }
-        Step::Next(next) => next,
-    };
-    let context = d.backend.attach(&vol, &node_id).await?;
-    if let Some(a) = next
-        .nodes
-        .get_mut(&node_id)
-        .and_then(|n| n.attachment.as_mut())
-    {
-        a.publish_context = context.clone();
     }
-    d.put_volume(&next).await?;
-    tracing::info!(volume_id = %id, node_id = %node_id, readonly = req.readonly, "volume NODE_READY");
+    if new {
+        tracing::info!(volume_id = %id, node_id = %node_id, readonly = req.readonly, "volume NODE_READY");
+    }
     Ok(csi::ControllerPublishVolumeResponse {
         publish_context: context.into_iter().collect(),
     })

@@ -22,6 +22,7 @@ pub async fn cut(d: &Driver, mut snap: Snapshot, source: &Volume) -> CsiResult<S
     let pending = snap.clone();
     d.db(move |s| s.put_snapshot(&pending)).await?;
     d.backend.create_snapshot(&snap, source).await?;
+    snap.allocated_bytes = d.backend.snapshot_allocated(&snap).await;
     snap.lifecycle = Lifecycle::Ready;
     let done = snap.clone();
     d.db(move |s| s.put_snapshot(&done)).await?;
@@ -47,6 +48,7 @@ pub fn new_record(
         lifecycle: Lifecycle::Provisioning,
         parameters,
         group_snapshot_id: group.map(str::to_string),
+        allocated_bytes: None,
     }
 }
 
@@ -178,4 +180,20 @@ pub async fn list_snapshots(
             .map(page_token::encode)
             .unwrap_or_default(),
     })
+}
+
+pub async fn get_snapshot(
+    d: &Driver,
+    req: csi::GetSnapshotRequest,
+) -> CsiResult<csi::GetSnapshotResponse> {
+    let id = validate::id(&req.snapshot_id, "snapshot_id")?.to_string();
+    validate::secrets(&req.secrets)?;
+    let key = id.clone();
+    match d.db(move |s| s.snapshot(&key)).await? {
+        // A snapshot being cut or deleted does not exist for the CO yet/any more.
+        Some(snap) if snap.lifecycle == Lifecycle::Ready => Ok(csi::GetSnapshotResponse {
+            snapshot: Some(wire::snapshot(&snap)),
+        }),
+        _ => Err(CsiError::SnapshotNotFound(id)),
+    }
 }

@@ -145,6 +145,70 @@ pub async fn ensure_attached(
 
 /// Deletes the VolumeAttachment and waits up to `wait` for the member's
 /// attacher to detach and remove it. Already gone is success.
+/// The relay's own VolumeAttachments in `cluster`: (name, volume uuid).
+pub async fn own(cluster: &Cluster) -> CsiResult<Vec<(String, String)>> {
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    let selector = format!(
+        "{}={}",
+        crate::member::naming::MANAGED_BY,
+        crate::member::naming::MANAGER
+    );
+    let list = cluster
+        .fetch(
+            "list the relay's VolumeAttachments",
+            api.list(&kube::api::ListParams::default().labels(&selector)),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default();
+    Ok(list
+        .into_iter()
+        .filter_map(|va| {
+            let uuid = va
+                .metadata
+                .labels
+                .as_ref()?
+                .get(crate::member::naming::VOLUME_UUID_LABEL)?
+                .clone();
+            Some((va.metadata.name?, uuid))
+        })
+        .collect())
+}
+
+/// Another VolumeAttachment of the same PV to the same member node than our
+/// `ours` (the member's attach/detach controller makes one for a member pod
+/// that mounts the volume), if any: detaching ours would make the member
+/// driver detach the volume under that pod.
+pub async fn shared_with(cluster: &Cluster, ours: &str) -> CsiResult<Option<String>> {
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    let Some(va) = cluster
+        .fetch(&format!("get VolumeAttachment {ours}"), api.get(ours))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let pv = va.spec.source.persistent_volume_name.clone();
+    let node = va.spec.node_name.clone();
+    let all = cluster
+        .fetch(
+            "list VolumeAttachments",
+            api.list(&kube::api::ListParams::default()),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default();
+    Ok(all
+        .into_iter()
+        .find(|other| {
+            other.metadata.name.as_deref() != Some(ours)
+                && other.metadata.deletion_timestamp.is_none()
+                && other.spec.node_name == node
+                && pv.is_some()
+                && other.spec.source.persistent_volume_name == pv
+        })
+        .and_then(|other| other.metadata.name))
+}
+
 pub async fn ensure_detached(cluster: &Cluster, name: &str, wait: Duration) -> CsiResult<()> {
     let api = Api::<VolumeAttachment>::all(cluster.client());
     cluster

@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, CapacityReport, Health, NodeSource, Placement, SourceData};
+use crate::backend::{
+    Backend, CapacityReport, Health, NodeSource, OwnAttachment, Placement, SourceData,
+};
 use crate::capability::Capability;
 use crate::config::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 use crate::csi;
@@ -28,6 +30,8 @@ pub struct MemberBackend {
     driver_name: String,
     wait: Duration,
     unreachable: Mutex<HashMap<String, (Instant, String)>>,
+    /// Which host nodes are virtual (no kubelet; pods run in a member).
+    virtual_nodes: Option<crate::registrar::NodeSelector>,
 }
 
 fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
@@ -48,7 +52,14 @@ impl MemberBackend {
             driver_name: driver_name.to_string(),
             wait: WAIT_BUDGET,
             unreachable: Mutex::new(HashMap::new()),
+            virtual_nodes: None,
         }
+    }
+
+    /// Tells virtual nodes apart (`--virtual-node-selector`).
+    pub fn with_virtual_nodes(mut self, selector: crate::registrar::NodeSelector) -> Self {
+        self.virtual_nodes = Some(selector);
+        self
     }
 
     /// Overrides the bound of waits for member objects to converge.
@@ -488,7 +499,13 @@ impl Backend for MemberBackend {
         let cluster = self.cluster(&at.member)?;
         let label = cluster.label();
         let path = at.pvc_path();
-        let place = nodes::resolve(self.host.as_ref(), cluster, node_id).await?;
+        let place = nodes::resolve(
+            self.host.as_ref(),
+            cluster,
+            node_id,
+            self.virtual_nodes.as_ref(),
+        )
+        .await?;
         let claim = pvc::get(cluster, &at.namespace, &at.pvc)
             .await?
             .ok_or_else(|| {
@@ -500,6 +517,15 @@ impl Backend for MemberBackend {
             return Err(CsiError::FailedPrecondition(format!(
                 "{label}: PersistentVolumeClaim {path} is being deleted"
             )));
+        }
+        if place.virtual_node && place.member_node.is_none() {
+            // A virtual node for the whole member cluster: its pods run
+            // there, and the member's own attach/detach controller attaches
+            // the volume where the member pod lands (and its scheduler binds
+            // a WaitForFirstConsumer claim then). Nothing to attach here,
+            // and nothing for a node plugin to mount on the host.
+            tracing::info!(volume_id = %vol.id, node_id, claim = %path, "virtual node: NODE_READY without a relay attachment");
+            return Ok(BTreeMap::new());
         }
         let pv_name = match (pvc::phase(&claim), pvc::bound_pv(&claim)) {
             ("Bound", Some(pv)) => pv.to_string(),
@@ -541,17 +567,70 @@ impl Backend for MemberBackend {
         described.to_context()
     }
 
+    async fn own_attachments(&self) -> CsiResult<Vec<OwnAttachment>> {
+        let mut found = Vec::new();
+        for (member, cluster) in &self.members {
+            match attach::own(cluster).await {
+                Ok(list) => found.extend(list.into_iter().map(|(name, uuid)| OwnAttachment {
+                    volume_id: format!("m-{member}-{uuid}"),
+                    name,
+                    place: member.clone(),
+                })),
+                Err(e) => {
+                    tracing::warn!(member = %member, error = %e, "cannot list member attachments; next sweep")
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    async fn collect_attachment(&self, a: &OwnAttachment) -> CsiResult<bool> {
+        let cluster = self.cluster(&a.place)?;
+        if attach::shared_with(cluster, &a.name).await?.is_some() {
+            return Ok(false);
+        }
+        attach::ensure_detached(cluster, &a.name, self.wait).await?;
+        Ok(true)
+    }
+
     async fn detach(&self, vol: &Volume, node_id: &str) -> CsiResult<()> {
-        let attachment = vol
+        let context = vol
             .node(node_id)
             .and_then(|n| n.attachment.as_ref())
-            .and_then(|a| a.publish_context.get(source::MEMBER_ATTACHMENT));
-        let Some(name) = attachment else {
-            return Ok(()); // nothing was attached in the member
-        };
+            .map(|a| &a.publish_context);
         let at = MemberVolume::of(vol)?;
         let cluster = self.cluster(&at.member)?;
-        attach::ensure_detached(cluster, name, self.wait).await
+        let name = match context {
+            None => return Ok(()),
+            Some(c) if !c.is_empty() => match c.get(source::MEMBER_ATTACHMENT) {
+                Some(name) => name.clone(),
+                None => return Ok(()), // nothing was attached in the member
+            },
+            // What was attached is not known (a record rebuilt from its
+            // RelayVolume): ours, if any, has the deterministic name.
+            Some(_) => match nodes::resolve(
+                self.host.as_ref(),
+                cluster,
+                node_id,
+                self.virtual_nodes.as_ref(),
+            )
+            .await
+            {
+                Ok(nodes::NodePlace {
+                    member_node: Some(member_node),
+                    ..
+                }) => naming::attachment_name(&at.uuid, &member_node),
+                Ok(_) | Err(CsiError::NodeNotFound(_)) => return Ok(()),
+                Err(e) => return Err(e),
+            },
+        };
+        if let Some(other) = attach::shared_with(cluster, &name).await? {
+            // The host node is done with the volume; a member pod is not.
+            // Ours stays (labelled as the relay's) until that one is gone.
+            tracing::info!(volume_id = %vol.id, attachment = %name, other = %other, "member attachment kept: another attachment of the same volume and node is in use");
+            return Ok(());
+        }
+        attach::ensure_detached(cluster, &name, self.wait).await
     }
 
     async fn health(&self, vol: &Volume) -> Health {

@@ -514,6 +514,7 @@ async fn clones_and_restores_use_a_member_data_source() {
         lifecycle: Lifecycle::Ready,
         parameters: BTreeMap::new(),
         group_snapshot_id: None,
+        allocated_bytes: None,
     };
     let src_pvc = pvc_name(&src);
     let (result, ()) = tokio::join!(
@@ -829,6 +830,14 @@ async fn unpublish_deletes_the_attachment_and_waits_for_it_to_go() {
     );
     let path = "/apis/storage.k8s.io/v1/volumeattachments/relay-x-1";
     let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("GET", path)
+            .await
+            .ok(va("relay-x-1", "pv-9", "worker-1"));
+        api.expect("GET", VAS).await.ok(va_list(vec![
+            va("relay-x-1", "pv-9", "worker-1"),
+            va("csi-other-node", "pv-9", "worker-2"),
+            va("csi-other-pv", "pv-8", "worker-1"),
+        ]));
         api.expect("DELETE", path).await.ok(json!({
             "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
             "metadata": {"name": "relay-x-1"},
@@ -839,11 +848,82 @@ async fn unpublish_deletes_the_attachment_and_waits_for_it_to_go() {
     result.unwrap();
     // Already gone, and nothing attached: both succeed.
     let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("GET", path).await.not_found();
         api.expect("DELETE", path).await.not_found();
         api.expect("GET", path).await.not_found();
     });
     result.unwrap();
     let (result, ()) = tokio::join!(b.detach(&vol, "worker-2"), api.expect_idle());
+    result.unwrap();
+}
+
+const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
+
+fn va(name: &str, pv: &str, node: &str) -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+           "metadata": {"name": name},
+           "spec": {"attacher": "disk.csi.example", "nodeName": node,
+                    "source": {"persistentVolumeName": pv}},
+           "status": {"attached": true}})
+}
+
+fn va_list(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+           "metadata": {}, "items": items})
+}
+
+// The member's attach/detach controller attached the same PV to the same
+// member node for a member pod: the relay's attachment stays, so the
+// member driver is never told to detach under that pod.
+#[tokio::test(start_paused = true)]
+async fn unpublish_never_detaches_under_a_member_pod() {
+    let (b, mut api) = east();
+    let mut vol = standard(&b);
+    attached_to(
+        &mut vol,
+        "worker-1",
+        [(
+            source::MEMBER_ATTACHMENT.to_string(),
+            "relay-x-1".to_string(),
+        )]
+        .into(),
+    );
+    let path = "/apis/storage.k8s.io/v1/volumeattachments/relay-x-1";
+    let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("GET", path)
+            .await
+            .ok(va("relay-x-1", "pv-9", "worker-1"));
+        api.expect("GET", VAS).await.ok(va_list(vec![
+            va("relay-x-1", "pv-9", "worker-1"),
+            va("csi-0f3a-adc-made", "pv-9", "worker-1"),
+        ]));
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+// A record rebuilt from its RelayVolume has no publish_context (it is never
+// trusted): unpublishing it still removes the relay's member attachment,
+// found by its deterministic name.
+#[tokio::test(start_paused = true)]
+async fn unpublish_of_a_rebuilt_record_removes_the_deterministic_attachment() {
+    let (b, mut api) = east();
+    let mut vol = standard(&b);
+    attached_to(&mut vol, "worker-1", BTreeMap::new());
+    let uuid = naming::parse_volume_id(&vol.id).unwrap().1.to_string();
+    let path = format!(
+        "/apis/storage.k8s.io/v1/volumeattachments/{}",
+        naming::attachment_name(&uuid, "worker-1")
+    );
+    let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("GET", "/api/v1/nodes/worker-1")
+            .await
+            .ok(node("worker-1", json!({})));
+        api.expect("GET", &path).await.not_found();
+        api.expect("DELETE", &path).await.not_found();
+        api.expect("GET", &path).await.not_found();
+        api.expect_idle().await;
+    });
     result.unwrap();
 }
 
@@ -930,6 +1010,7 @@ fn snapshot_of(vol: &Volume, parameters: BTreeMap<String, String>) -> Snapshot {
         lifecycle: Lifecycle::Provisioning,
         parameters,
         group_snapshot_id: None,
+        allocated_bytes: None,
     }
 }
 

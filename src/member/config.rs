@@ -60,6 +60,26 @@ async fn from_kubeconfig(path: &Path) -> Result<kube::Config, String> {
     }
 }
 
+/// How long a watch may stay silent: longer than the server-side timeout
+/// kube's watchers ask for (290 s), so an idle watch ends cleanly on the
+/// server's side and is resumed, instead of being cut as a failed call.
+pub const WATCH_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(330);
+
+/// A host-cluster client for long-lived watches (the virtual-node
+/// registrar's): connect and write bounded, reads bounded by
+/// [`WATCH_READ_TIMEOUT`] instead of the 10 s of a call.
+pub async fn connect_host_for_watches(path: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match path {
+        Some(p) => from_kubeconfig(p).await?,
+        None => kube::Config::incluster().map_err(|e| {
+            format!("no --host-kubeconfig given and no in-cluster configuration: {e}")
+        })?,
+    };
+    let mut config = bounded(config);
+    config.read_timeout = Some(WATCH_READ_TIMEOUT);
+    kube::Client::try_from(config).map_err(|e| format!("host cluster (watches): {e}"))
+}
+
 fn client(config: kube::Config, what: &str) -> Result<kube::Client, String> {
     kube::Client::try_from(bounded(config)).map_err(|e| format!("{what}: {e}"))
 }

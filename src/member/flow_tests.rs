@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use serde_json::json;
+use serde_json::{json, Value};
 use tonic::Code;
 
 use crate::config::{DriverConfig, Mode, TOPOLOGY_MEMBER_KEY};
@@ -24,7 +24,8 @@ const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
 fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
     let (east, member) = testing::member("east");
     let (host, host_api) = testing::host();
-    let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev");
+    let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
+        .with_virtual_nodes(crate::registrar::NodeSelector::default());
     let config = DriverConfig {
         driver_name: "relay.csi.dev".into(),
         node_id: "ctrl".into(),
@@ -35,6 +36,8 @@ fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
         mutable_parameters: Default::default(),
         state_dir: dir.to_path_buf(),
         node_member: None,
+        stale_provisioning_after: std::time::Duration::from_secs(3600),
+        csi_spec: crate::config::SpecVersion::V1_12,
     };
     let d =
         Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend)).with_observer(Arc::new(
@@ -169,7 +172,8 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
     );
     assert_eq!(third.unwrap().volume.unwrap().volume_id, vol.volume_id);
 
-    // ControllerPublish before the member binds: retryable, nothing recorded.
+    // ControllerPublish before the member binds: retryable; the intent is
+    // recorded first (so a member attachment never exists unrecorded).
     let (published, (), ()) = tokio::join!(
         publish::publish(
             &d,
@@ -193,17 +197,46 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
             );
         },
         async {
-            // node_known, then the resolution at attach time.
-            for _ in 0..2 {
-                host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
-            }
+            // node_known, the intent mirrored, then the resolution at attach time.
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
+            assert_eq!(applied(&mut host).await, "NODE_READY");
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
         }
     );
     let err = published.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     assert!(err.to_string().contains("not Bound yet"), "{err}");
+
+    // The CO gives up on the attachment (its VolumeAttachment is deleted):
+    // ControllerUnpublish removes the intent; this host node stands for no
+    // single member node, so the relay made no member attachment.
+    let (unpublished, (), ()) = tokio::join!(
+        publish::unpublish(
+            &d,
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: "host-1".into(),
+                ..Default::default()
+            }
+        ),
+        async {
+            member
+                .expect("GET", "/api/v1/nodes/host-1")
+                .await
+                .not_found();
+        },
+        async {
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
+            assert_eq!(applied(&mut host).await, "CREATED");
+        }
+    );
+    unpublished.unwrap();
 
     // DeleteVolume: the member PVC goes, then the RelayVolume.
     let (deleted, (), ()) = tokio::join!(
@@ -229,4 +262,152 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
         }
     );
     deleted.unwrap();
+}
+
+// The member answers 404 (its namespace does not exist): NOT_FOUND is the
+// spec's answer for a missing content source only, so this is a
+// precondition the admin must fix.
+#[tokio::test(start_paused = true)]
+async fn a_member_404_in_create_volume_is_a_failed_precondition() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = driver(tmp.path());
+    let (created, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.status(
+                404,
+                "NotFound",
+                "namespaces \"relay\" not found",
+            );
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "PROVISIONING");
+        }
+    );
+    let err = created.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.to_string().contains("namespaces \"relay\" not found"),
+        "{err}"
+    );
+}
+
+// Housekeeping collects the relay's member attachments that no record
+// wants, unless a member pod's attachment of the same volume and node
+// still exists.
+#[tokio::test(start_paused = true)]
+async fn housekeeping_collects_unwanted_member_attachments_but_not_under_a_pod() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, _host) = driver(tmp.path());
+    let vas = "/apis/storage.k8s.io/v1/volumeattachments";
+    let uuid = "0123456789abcdef0123456789abcdef";
+    let va = |name: &str, node: &str, ours: bool| {
+        let mut v = json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": name},
+            "spec": {"attacher": "disk.csi.example", "nodeName": node,
+                     "source": {"persistentVolumeName": "pv-9"}}});
+        if ours {
+            v["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "csi-relay",
+                                             "relay.csi.dev/volume-uuid": uuid});
+        }
+        v
+    };
+    let list = |items: Vec<Value>| {
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+               "metadata": {}, "items": items})
+    };
+    let ours = format!("relay-{uuid}-1");
+    let ours_path = format!("{vas}/{ours}");
+    for shared in [true, false] {
+        let (report, ()) = tokio::join!(crate::housekeeping::sweep(&d), async {
+            let listed = member.expect("GET", vas).await;
+            assert!(listed.query.contains("labelSelector"), "{}", listed.query);
+            listed.ok(list(vec![va(&ours, "worker-1", true)]));
+            member
+                .expect("GET", &ours_path)
+                .await
+                .ok(va(&ours, "worker-1", true));
+            let mut all = vec![va(&ours, "worker-1", true)];
+            if shared {
+                all.push(va("csi-made-for-a-member-pod", "worker-1", false));
+            }
+            member.expect("GET", vas).await.ok(list(all));
+            if !shared {
+                member
+                    .expect("DELETE", &ours_path)
+                    .await
+                    .ok(va(&ours, "worker-1", true));
+                member.expect("GET", &ours_path).await.not_found();
+            }
+            member.expect_idle().await;
+        });
+        let report = report.unwrap();
+        assert_eq!(
+            report.collected_attachments,
+            usize::from(!shared),
+            "shared={shared}"
+        );
+    }
+}
+
+// A Kosmos-style virtual node that stands for the whole member cluster:
+// ControllerPublishVolume is NODE_READY once the member claim exists, even
+// unbound (WaitForFirstConsumer) and even for a driver that needs attach,
+// with no relay-made attachment: the member's attach/detach controller
+// attaches the volume where the member pod lands.
+#[tokio::test(start_paused = true)]
+async fn a_virtual_node_for_a_whole_member_cluster_needs_no_relay_attachment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = driver(tmp.path());
+    let (created, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.created();
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "PROVISIONING");
+            assert_eq!(applied(&mut host).await, "CREATED");
+        }
+    );
+    let vol = created.unwrap().volume.unwrap();
+    let pvc = vol.volume_context["relay.csi.dev/member-pvc"].clone();
+    let vnode = || {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "vnode-east", "labels": {TOPOLOGY_MEMBER_KEY: "east"}},
+               "spec": {"taints": [{"key": "kosmos.io/node", "value": "true", "effect": "NoSchedule"}]}})
+    };
+    let (published, (), ()) = tokio::join!(
+        publish::publish(
+            &d,
+            csi::ControllerPublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: "vnode-east".into(),
+                volume_capability: Some(capability()),
+                ..Default::default()
+            }
+        ),
+        async {
+            member
+                .expect("GET", "/api/v1/nodes/vnode-east")
+                .await
+                .not_found();
+            member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": pvc, "namespace": "relay"},
+                       "status": {"phase": "Pending"}}),
+            );
+            member.expect_idle().await;
+        },
+        async {
+            host.expect("GET", "/api/v1/nodes/vnode-east")
+                .await
+                .ok(vnode());
+            assert_eq!(applied(&mut host).await, "NODE_READY");
+            host.expect("GET", "/api/v1/nodes/vnode-east")
+                .await
+                .ok(vnode());
+        }
+    );
+    let published = published.unwrap();
+    assert!(published.publish_context.is_empty(), "{published:?}");
 }

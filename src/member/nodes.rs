@@ -13,12 +13,15 @@ use kube::api::Api;
 use crate::config::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 use crate::error::{CsiError, CsiResult};
 use crate::member::cluster::Cluster;
+use crate::registrar::NodeSelector;
 
 /// Where a host node runs its pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodePlace {
     /// The member node it stands for, if it maps to a single one.
     pub member_node: Option<String>,
+    /// A virtual node (no kubelet): its pods run in the member cluster.
+    pub virtual_node: bool,
 }
 
 pub async fn host_node(host: &Cluster, node_id: &str) -> CsiResult<Option<Node>> {
@@ -43,19 +46,22 @@ async fn member_has_node(member: &Cluster, name: &str) -> CsiResult<bool> {
 /// lives in: NOT_FOUND for an unknown host node, FAILED_PRECONDITION for a
 /// node of another member or of none.
 /// Without the host cluster (`host` None) only the one-to-one mapping works.
+/// `virtual_nodes` tells virtual nodes apart.
 pub async fn resolve(
     host: Option<&Cluster>,
     member: &Cluster,
     node_id: &str,
+    virtual_nodes: Option<&NodeSelector>,
 ) -> CsiResult<NodePlace> {
-    let labels = match host {
-        Some(host) => host_node(host, node_id)
-            .await?
-            .ok_or_else(|| CsiError::NodeNotFound(node_id.to_string()))?
-            .metadata
-            .labels
-            .unwrap_or_default(),
-        None => Default::default(),
+    let (labels, virtual_node) = match host {
+        Some(host) => {
+            let node = host_node(host, node_id)
+                .await?
+                .ok_or_else(|| CsiError::NodeNotFound(node_id.to_string()))?;
+            let virtual_node = virtual_nodes.is_some_and(|s| s.matches(&node));
+            (node.metadata.labels.unwrap_or_default(), virtual_node)
+        }
+        None => (Default::default(), false),
     };
     let node_member = labels.get(TOPOLOGY_MEMBER_KEY);
     if let Some(other) = node_member.filter(|m| m.as_str() != member.name()) {
@@ -67,16 +73,21 @@ pub async fn resolve(
     if let Some(member_node) = labels.get(TOPOLOGY_MEMBER_NODE_KEY) {
         return Ok(NodePlace {
             member_node: Some(member_node.clone()),
+            virtual_node,
         });
     }
     if member_has_node(member, node_id).await? {
         return Ok(NodePlace {
             member_node: Some(node_id.to_string()),
+            virtual_node,
         });
     }
     if node_member.is_some() {
         // The whole member cluster behind one host node (cluster mode).
-        return Ok(NodePlace { member_node: None });
+        return Ok(NodePlace {
+            member_node: None,
+            virtual_node,
+        });
     }
     Err(CsiError::FailedPrecondition(format!(
         "host node {node_id} is not mapped to member cluster {m}: label it {TOPOLOGY_MEMBER_KEY}={m} (and {TOPOLOGY_MEMBER_NODE_KEY}=<member node> when it stands for one member node)",

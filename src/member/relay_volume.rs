@@ -406,6 +406,13 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
                 continue;
             }
         };
+        let vol = match untrusted(vol) {
+            Ok(v) => v,
+            Err(why) => {
+                tracing::warn!(volume_id = %item.spec.volume_id, reason = %why, "RelayVolume record refused; skipped");
+                continue;
+            }
+        };
         let id = vol.id.clone();
         if driver.db(move |s| s.volume(&id)).await?.is_some() {
             continue;
@@ -416,6 +423,52 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
         restored += 1;
     }
     Ok(restored)
+}
+
+/// A RelayVolume is editable by anyone with RBAC on it, so a record read
+/// back from one is taken only as far as it can be checked: a member volume
+/// whose id, member and claim name agree (the claim name is derived from the
+/// id, so no edit can point it at someone else's claim). What node plugins
+/// mount (the attachments' publish_context) is never taken from it: it is
+/// dropped here and derived again from the member's PersistentVolume by the
+/// next ControllerPublishVolume.
+pub fn untrusted(mut vol: Volume) -> Result<Volume, String> {
+    let Some((member, uuid)) = naming::parse_volume_id(&vol.id) else {
+        return Err(format!("{:?} is not a member volume id", vol.id));
+    };
+    let Backing::Member {
+        member: backing_member,
+        namespace,
+        pvc,
+        ..
+    } = &vol.backing
+    else {
+        return Err("only member-cluster volumes are kept in RelayVolumes".into());
+    };
+    if backing_member != member {
+        return Err(format!(
+            "its member {backing_member:?} is not the one its id names ({member:?})"
+        ));
+    }
+    if *pvc != naming::pvc_name(uuid) {
+        return Err(format!(
+            "its member claim {pvc:?} is not the one its id names ({:?})",
+            naming::pvc_name(uuid)
+        ));
+    }
+    if !naming::is_dns_label(namespace) {
+        return Err(format!("namespace {namespace:?} is not a DNS label"));
+    }
+    if vol.ephemeral {
+        return Err("inline ephemeral volumes are never mirrored".into());
+    }
+    crate::validate::id(&vol.name, "name").map_err(|e| e.to_string())?;
+    for node in vol.nodes.values_mut() {
+        if let Some(a) = node.attachment.as_mut() {
+            a.publish_context.clear();
+        }
+    }
+    Ok(vol)
 }
 
 #[cfg(test)]

@@ -227,6 +227,8 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
         mutable_parameters: Default::default(),
         state_dir: tmp.path().to_path_buf(),
         node_member: None,
+        stale_provisioning_after: std::time::Duration::from_secs(3600),
+        csi_spec: crate::config::SpecVersion::V1_12,
     };
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
     let known = {
@@ -259,6 +261,10 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
     assert_eq!(back.backing, lost.backing);
     let node = &back.nodes["worker-1"];
     assert!(node.attachment.is_some() && node.stage.is_none() && node.targets.is_empty());
+    assert!(
+        node.attachment.as_ref().unwrap().publish_context.is_empty(),
+        "what nodes mount is derived from the member again, never taken from the RelayVolume"
+    );
     let by_name = driver
         .db(|s| s.volume_by_name("pvc-0a1b"))
         .await
@@ -283,6 +289,8 @@ async fn a_host_without_the_crd_is_told_how_to_install_it() {
         mutable_parameters: Default::default(),
         state_dir: tmp.path().to_path_buf(),
         node_member: None,
+        stale_provisioning_after: std::time::Duration::from_secs(3600),
+        csi_spec: crate::config::SpecVersion::V1_12,
     };
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
     let (result, ()) = tokio::join!(rebuild(&host, &driver), async {
@@ -331,4 +339,45 @@ fn object_names_are_valid_for_any_id() {
     assert_eq!(odd, object_name("Inline_Vol"));
     let long = "n".repeat(200);
     assert!(Role::Node { node_id: long }.field_manager().len() <= 128);
+}
+
+#[test]
+fn an_edited_relay_volume_cannot_point_nodes_elsewhere() {
+    let mut v = volume();
+    v.nodes
+        .get_mut("worker-1")
+        .and_then(|n| n.attachment.as_mut())
+        .unwrap()
+        .publish_context
+        .insert("type".into(), "hostPath".into());
+    let kept = untrusted(v.clone()).unwrap();
+    assert!(kept.nodes["worker-1"]
+        .attachment
+        .as_ref()
+        .unwrap()
+        .publish_context
+        .is_empty());
+    let with_backing = |f: &dyn Fn(&mut Backing)| {
+        let mut w = v.clone();
+        f(&mut w.backing);
+        untrusted(w)
+    };
+    let err = with_backing(&|b| {
+        if let Backing::Member { pvc, .. } = b {
+            *pvc = "someone-elses-claim".into()
+        }
+    })
+    .unwrap_err();
+    assert!(err.contains("someone-elses-claim"), "{err}");
+    let err = with_backing(&|b| {
+        if let Backing::Member { member, .. } = b {
+            *member = "west".into()
+        }
+    })
+    .unwrap_err();
+    assert!(err.contains("west"), "{err}");
+    assert!(with_backing(&|b| *b = Backing::Directory).is_err());
+    let mut odd = v.clone();
+    odd.id = "vol-local".into();
+    assert!(untrusted(odd).is_err());
 }

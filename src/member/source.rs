@@ -92,6 +92,67 @@ fn refuse(pv: &str, member: &str, why: impl std::fmt::Display) -> CsiError {
     ))
 }
 
+/// A hostPath or local PV is a directory on one member node's disk: it is
+/// only that volume on the machine of that node. So it is relayed only when
+/// the PV's required node affinity names the member node this host node
+/// stands for (by `kubernetes.io/hostname` or `metadata.name`); any other
+/// node would bind a directory of the same name on the wrong disk.
+fn pinned_to(
+    spec: &k8s_openapi::api::core::v1::PersistentVolumeSpec,
+    pv: &str,
+    member: &str,
+    member_node: Option<&str>,
+) -> CsiResult<()> {
+    let terms = spec
+        .node_affinity
+        .as_ref()
+        .and_then(|a| a.required.as_ref())
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    let names = |node: &str| {
+        terms.iter().any(|t| {
+            let exprs = t
+                .match_expressions
+                .iter()
+                .flatten()
+                .map(|e| (e, "kubernetes.io/hostname"));
+            let fields = t
+                .match_fields
+                .iter()
+                .flatten()
+                .map(|e| (e, "metadata.name"));
+            let mut all = exprs.chain(fields).peekable();
+            all.peek().is_some()
+                && all.all(|(e, key)| {
+                    e.key == key
+                        && e.operator == "In"
+                        && e.values.iter().flatten().any(|v| v == node)
+                })
+        })
+    };
+    let described = || serde_json::to_string(terms).unwrap_or_else(|_| "(unreadable)".into());
+    match member_node {
+        Some(node) if names(node) => Ok(()),
+        Some(node) => Err(refuse(
+            pv,
+            member,
+            format!(
+                "is a directory on one member node's disk, pinned by its node affinity {} ; the host node stands for member node {node}, which it does not name",
+                described()
+            ),
+        )),
+        None => Err(refuse(
+            pv,
+            member,
+            format!(
+                "is a directory on one member node's disk (node affinity {}); map the host node to that member node (label {})",
+                described(),
+                crate::config::TOPOLOGY_MEMBER_NODE_KEY
+            ),
+        )),
+    }
+}
+
 impl MemberSource {
     /// Describes a bound member PV; FAILED_PRECONDITION for a source type
     /// csi-relay cannot relay.
@@ -139,6 +200,9 @@ impl MemberSource {
                 "has a source csi-relay cannot relay (supported: nfs, hostPath, local, csi)",
             ));
         };
+        if matches!(kind, SourceKind::HostPath { .. } | SourceKind::Local { .. }) {
+            pinned_to(spec, &name, member, member_node)?;
+        }
         Ok(MemberSource {
             member: member.to_string(),
             pv: name,
@@ -338,12 +402,26 @@ mod tests {
 
     #[test]
     fn host_path_and_local_sources() {
-        let s = MemberSource::from_pv(
-            "east",
-            &pv(serde_json::json!({"hostPath": {"path": "/data/x", "type": "DirectoryOrCreate"}})),
-            Some("worker-1"),
-        )
-        .unwrap();
+        let pinned = |source: serde_json::Value, node: &str| {
+            let mut spec = source;
+            spec["nodeAffinity"] = serde_json::json!({"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}});
+            pv(spec)
+        };
+        let host_path =
+            serde_json::json!({"hostPath": {"path": "/data/x", "type": "DirectoryOrCreate"}});
+        // On the wrong node, unpinned, or unmapped: the wrong disk, refused.
+        for (p, node) in [
+            (pinned(host_path.clone(), "worker-2"), Some("worker-1")),
+            (pv(host_path.clone()), Some("worker-1")),
+            (pinned(host_path.clone(), "worker-1"), None),
+        ] {
+            let err = MemberSource::from_pv("east", &p, node).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+            assert!(err.to_string().contains("node affinity"), "{err}");
+        }
+        let s = MemberSource::from_pv("east", &pinned(host_path, "worker-1"), Some("worker-1"))
+            .unwrap();
         let ctx = s.to_context().unwrap();
         assert_eq!(ctx[SOURCE_TYPE], "hostPath");
         assert_eq!(ctx[HOST_PATH], "/data/x");
@@ -352,8 +430,11 @@ mod tests {
         round_trip(&s);
         let s = MemberSource::from_pv(
             "east",
-            &pv(serde_json::json!({"local": {"path": "/mnt/disk1", "fsType": "xfs"}})),
-            None,
+            &pinned(
+                serde_json::json!({"local": {"path": "/mnt/disk1", "fsType": "xfs"}}),
+                "worker-1",
+            ),
+            Some("worker-1"),
         )
         .unwrap();
         assert_eq!(s.to_context().unwrap()[LOCAL_PATH], "/mnt/disk1");

@@ -2,7 +2,9 @@
 //! loop devices and filesystems. No CSI types here.
 
 pub mod filesystem;
+pub mod freeze;
 pub mod loopdev;
+pub mod mount_point;
 pub mod mountinfo;
 pub mod nfs;
 pub mod options;

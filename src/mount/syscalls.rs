@@ -5,7 +5,6 @@ use std::path::Path;
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use crate::mount::mountinfo;
 use crate::mount::options::MountOptions;
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +72,7 @@ pub fn mount_fs(
 pub fn unmount_all(target: &Path) -> Result<(), MountError> {
     // A bounded loop: a path can hold several stacked mounts, but not endless ones.
     for _ in 0..16 {
-        if mountinfo::mounted_at(target)?.is_none() {
+        if !super::mount_point::is_mount_point(target)? {
             return Ok(());
         }
         match umount2(target, MntFlags::empty()) {

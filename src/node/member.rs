@@ -157,7 +157,9 @@ pub async fn commit(d: &Driver, vol: &Volume, node_id: &str) -> CsiResult<()> {
         tracing::info!(volume_id = %vol.id, "node-local member record dropped");
         Ok(())
     } else {
-        d.put_volume(vol).await
+        // The outcome of node work (a removal, a rollback): what the mount
+        // table witnesses needs no fsync of its own.
+        d.put_outcome(vol).await
     }
 }
 
@@ -344,7 +346,11 @@ pub async fn unstage(
     match MemberCsiVolume::of(m) {
         Some(v) => {
             mounter::guard(staging, "staging_target_path")?;
-            plugin(d, &v).await?.unstage(&v, staging).await
+            let undone = match plugin(d, &v).await {
+                Ok(p) => p.unstage(&v, staging).await,
+                Err(e) => Err(e),
+            };
+            nothing_left(undone, staging, &v)
         }
         None => mounter::unstage(&NodeSource::Member(Box::new(m.clone())), staging, cap).await,
     }
@@ -371,7 +377,30 @@ pub async fn unpublish_proxied(
     target: &Path,
 ) -> CsiResult<()> {
     let target = mounter::guard(target, "target_path")?;
-    plugin(d, v).await?.unpublish(v, &target).await
+    let undone = match plugin(d, v).await {
+        Ok(p) => p.unpublish(v, &target).await,
+        Err(e) => Err(e),
+    };
+    nothing_left(undone, &target, v)?;
+    // What the plugin would have done last: the target goes.
+    mounter::unpublish(&target)
+}
+
+/// An unpublish or unstage the member plugin cannot do because the member
+/// volume, or the plugin itself, is gone, still succeeds when nothing is
+/// mounted at the path: otherwise kubelet would retry it for ever and
+/// never clean the pod up. A path still mounted keeps the error.
+fn nothing_left(undone: CsiResult<()>, path: &Path, v: &MemberCsiVolume<'_>) -> CsiResult<()> {
+    match undone {
+        Err(e)
+            if matches!(e.code(), tonic::Code::NotFound | tonic::Code::Unavailable)
+                && !mounter::is_mounted(path) =>
+        {
+            tracing::warn!(driver = v.driver, path = %path.display(), error = %e, "member volume or plugin gone, and nothing is mounted: done");
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// NodeGetVolumeStats through the member CSI plugin, when it offers it.

@@ -11,7 +11,7 @@ use crate::backend::NodeSource;
 use crate::capability::Capability;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::options::MountOptions;
-use crate::mount::{filesystem, loopdev, mountinfo, syscalls, target_path};
+use crate::mount::{filesystem, loopdev, syscalls, target_path};
 
 /// Name of the bind-mounted device node inside a raw-block staging path.
 pub const BLOCK_DEVICE_FILE: &str = "device";
@@ -26,14 +26,34 @@ pub fn guard(path: &Path, field: &'static str) -> CsiResult<PathBuf> {
 
 /// Checks a staging or target path from a request before anything is
 /// recorded or created for it: no system path, nothing in or above the
-/// driver's state dir (volume data, the state store).
-pub fn check_path(path: &str, state_dir: &Path, field: &'static str) -> CsiResult<()> {
-    target_path::check_outside(Path::new(path), state_dir)
-        .map(|_| ())
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
-            _ => CsiError::io("resolve", path, e),
-        })
+/// driver's state dir (volume data, the state store). Returns the path
+/// resolved through symlinks.
+pub fn check_path(path: &str, state_dir: &Path, field: &'static str) -> CsiResult<PathBuf> {
+    target_path::check_outside(Path::new(path), state_dir).map_err(|e| match e.kind() {
+        io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
+        _ => CsiError::io("resolve", path, e),
+    })
+}
+
+/// A target inside the staging path (or the other way round, or the same
+/// path) would bind the staged volume onto itself and wedge unstaging; the
+/// check also sees through symlinks (`resolved_target` is what
+/// `check_path` returned for the target).
+pub fn check_apart(target: &str, resolved_target: &Path, staging: &str) -> CsiResult<()> {
+    let overlap = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+    let (t, s) = (Path::new(target), Path::new(staging));
+    let overlaps =
+        overlap(t, s) || target_path::resolve(s).is_ok_and(|rs| overlap(resolved_target, &rs));
+    if overlaps {
+        return Err(CsiError::invalid(
+            "target_path",
+            format!(
+                "target_path {target:?} and staging_target_path {staging:?} overlap; \
+                 a volume is published to a path apart from where it is staged"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn stat(path: &Path) -> CsiResult<fs::Metadata> {
@@ -61,9 +81,8 @@ fn foreign(path: &Path, what: &Path) -> CsiError {
 }
 
 fn mounted(path: &Path) -> CsiResult<bool> {
-    Ok(mountinfo::mounted_at(path)
-        .map_err(|e| CsiError::io("read mountinfo for", path, e))?
-        .is_some())
+    crate::mount::mount_point::is_mount_point(path)
+        .map_err(|e| CsiError::io("check mount point", path, e))
 }
 
 pub fn ensure_dir(path: &Path) -> CsiResult<()> {

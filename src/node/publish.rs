@@ -29,7 +29,10 @@ pub async fn publish(
         validate::path(&req.staging_target_path, "staging_target_path")?
     };
     // Before anything is recorded or created (an inline volume included).
-    mounter::check_path(&target, &d.config.state_dir, "target_path")?;
+    let resolved_target = mounter::check_path(&target, &d.config.state_dir, "target_path")?;
+    if !is_ephemeral {
+        mounter::check_apart(&target, &resolved_target, &staging)?;
+    }
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
@@ -76,7 +79,7 @@ pub async fn publish(
     };
     match published {
         Ok(()) => {
-            d.put_volume(&state::publish_done(&next, &node_id, &target))
+            d.put_outcome(&state::publish_done(&next, &node_id, &target))
                 .await?;
             tracing::info!(volume_id = %id, target = %target, readonly = req.readonly, "volume PUBLISHED");
             Ok(csi::NodePublishVolumeResponse {})

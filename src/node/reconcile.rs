@@ -28,6 +28,9 @@ use crate::volume::{Backing, Progress, Volume};
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
+    /// Finished work whose outcome commit a crash lost (the mount table
+    /// witnesses it): recorded as done.
+    pub rolled_forward: usize,
     pub rolled_back: usize,
     pub restored: usize,
     pub failed: usize,
@@ -66,15 +69,50 @@ pub async fn reconcile(d: &Driver) -> CsiResult<Report> {
     Ok(report)
 }
 
-async fn reconcile_volume(
+/// Records as done the stage and publications of `vol` whose mounts exist.
+fn roll_forward(
     d: &Driver,
     mut vol: Volume,
+    src: &crate::backend::NodeSource,
     node_id: &str,
     report: &mut Report,
 ) -> CsiResult<Volume> {
     let Some(node) = vol.node(node_id).cloned() else {
         return Ok(vol);
     };
+    if let Some(stage) = node.stage.as_ref() {
+        if stage.progress == Progress::Applying
+            && source::staged(src, Path::new(&stage.path), &stage.capability)
+        {
+            let device = match &vol.backing {
+                Backing::BlockFile { .. } => loopdev::find(&d.backend_path(&vol)?)
+                    .ok()
+                    .flatten()
+                    .map(|p| p.display().to_string()),
+                _ => None,
+            };
+            vol = state::stage_done(&vol, node_id, device);
+            report.rolled_forward += 1;
+        }
+    }
+    for (target, publication) in &node.targets {
+        if publication.progress == Progress::Applying && mounter::is_mounted(Path::new(target)) {
+            vol = state::publish_done(&vol, node_id, target);
+            report.rolled_forward += 1;
+        }
+    }
+    Ok(vol)
+}
+
+async fn reconcile_volume(
+    d: &Driver,
+    mut vol: Volume,
+    node_id: &str,
+    report: &mut Report,
+) -> CsiResult<Volume> {
+    if vol.node(node_id).is_none() {
+        return Ok(vol);
+    }
     // Restoring needs the exact source; undoing interrupted work can do
     // with an unmount when a member volume's description is gone.
     let exact = match source::of(d, &vol, node_id) {
@@ -95,6 +133,14 @@ async fn reconcile_volume(
                 return Ok(vol);
             }
         },
+    };
+    // 0. Local volumes' outcomes are committed without an fsync of their
+    // own: work the mount table shows finished is recorded as done.
+    if let (true, Some(src)) = (crate::driver::witnessed(&vol), &exact) {
+        vol = roll_forward(d, vol, src, node_id, report)?;
+    }
+    let Some(node) = vol.node(node_id).cloned() else {
+        return Ok(vol);
     };
     // 1. A finished stage comes back first: publications are bound from it.
     let mut stage_ok = true;

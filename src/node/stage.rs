@@ -95,7 +95,7 @@ pub async fn stage(
     };
     match staged {
         Ok(device) => {
-            d.put_volume(&state::stage_done(&next, &node_id, device))
+            d.put_outcome(&state::stage_done(&next, &node_id, device))
                 .await?;
             tracing::info!(volume_id = %id, staging = %path, "volume VOL_READY");
             Ok(csi::NodeStageVolumeResponse {})

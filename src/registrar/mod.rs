@@ -91,6 +91,9 @@ pub struct RegistrarConfig {
     /// `<prefix>member`. `None`: no member label is set (an admin-set
     /// `<prefix>member` label is still used as a topology key).
     pub member_label: Option<String>,
+    /// The member cluster of virtual nodes without that label: the only
+    /// one, when the driver serves a single member cluster.
+    pub default_member: Option<String>,
 }
 
 impl RegistrarConfig {
@@ -101,6 +104,7 @@ impl RegistrarConfig {
             selector: NodeSelector::default(),
             topology_key_prefix: crate::config::TOPOLOGY_PREFIX.to_string(),
             member_label: None,
+            default_member: None,
         }
     }
 
@@ -240,13 +244,16 @@ fn error_policy(node: Arc<Node>, err: &ReconcileError, ctx: Arc<Context>) -> Act
 /// Runs the registrar until the future is dropped (or the task aborted).
 /// Fails only on an invalid `config`; API errors are logged and retried.
 pub async fn run(client: kube::Client, config: RegistrarConfig) -> Result<(), RegistrarError> {
-    run_until(client, config, std::future::pending()).await
+    run_until(client.clone(), client, config, std::future::pending()).await
 }
 
 /// [`run`] that stops once `shutdown` completes: reconciles under way are
 /// given [`SHUTDOWN_GRACE`] to finish, then dropped.
+/// `watch_client` serves the node and CSINode watches (its reads may wait
+/// as long as a watch stays open), `client` every other call.
 pub async fn run_until(
     client: kube::Client,
+    watch_client: kube::Client,
     config: RegistrarConfig,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RegistrarError> {
@@ -257,8 +264,8 @@ pub async fn run_until(
         member_label = ?config.member_label,
         "virtual node registrar started"
     );
-    let nodes = Api::<Node>::all(client.clone());
-    let csinodes = Api::<CSINode>::all(client.clone());
+    let nodes = Api::<Node>::all(watch_client.clone());
+    let csinodes = Api::<CSINode>::all(watch_client);
     let ctx = Arc::new(Context::new(client, config));
     let (stop, mut stopping) = tokio::sync::watch::channel(false);
     let results = Controller::new(nodes, watcher::Config::default())

@@ -105,12 +105,12 @@ pub fn registration(
     })?;
     let current = labels(node);
     let mut wanted = BTreeMap::from([(node_key.clone(), name.to_string())]);
-    if let Some(value) = config
+    let labelled_member = config
         .member_label
         .as_ref()
         .and_then(|key| current.get(key))
-        .filter(|v| !v.is_empty())
-    {
+        .filter(|v| !v.is_empty());
+    if let Some(value) = labelled_member.or(config.default_member.as_ref()) {
         wanted.insert(member_key.clone(), value.clone());
     }
     // A member label an admin set (not ours) still makes the key a topology
@@ -277,6 +277,25 @@ async fn register(node: &Node, name: &str, ctx: &Context) -> Result<(), Reconcil
     {
         return Ok(());
     }
+    // A driver entry's node id and topology keys are immutable: an entry
+    // whose keys changed (a member label added or removed) is removed
+    // first and then written anew.
+    if let Some(csinode) = &live {
+        let stale = csinode.spec.drivers.iter().any(|d| {
+            d.name == driver
+                && (d.node_id != name
+                    || d.topology_keys.as_deref().unwrap_or_default()
+                        != reg.topology_keys.as_slice())
+        });
+        if stale {
+            tracing::info!(
+                node = name,
+                driver,
+                "topology keys changed: replacing the CSINode entry"
+            );
+            drop_entry(csinode, name, ctx).await?;
+        }
+    }
     tracing::info!(node = name, driver, topology_keys = ?reg.topology_keys, "applying CSINode entry");
     let body = json!({
         "apiVersion": "storage.k8s.io/v1",
@@ -300,6 +319,36 @@ async fn register(node: &Node, name: &str, ctx: &Context) -> Result<(), Reconcil
     Ok(())
 }
 
+/// Removes our driver entry from `csinode` (server-side apply without it),
+/// keeping our owner references: an emptied CSINode is harmless (kubelet
+/// keeps one on every node) and is still garbage collected with its node.
+async fn drop_entry(csinode: &CSINode, name: &str, ctx: &Context) -> Result<(), ReconcileError> {
+    let csinodes = Api::<CSINode>::all(ctx.client.clone());
+    let ours = fields::ours(csinode.metadata.managed_fields.as_deref());
+    let owners: Vec<Value> = csinode
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|o| fields::list_keys(&ours, OWNERS, "uid").contains(&o.uid))
+        .map(|o| json!({"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}))
+        .collect();
+    let mut metadata = Map::new();
+    metadata.insert("name".into(), json!(name));
+    if !owners.is_empty() {
+        metadata.insert("ownerReferences".into(), Value::Array(owners));
+    }
+    let body = json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": metadata});
+    call(
+        name,
+        "apply CSINode",
+        csinodes.patch(name, &apply(), &Patch::Apply(body)),
+    )
+    .await?;
+    Ok(())
+}
+
 async fn unregister(node: &Node, name: &str, ctx: &Context) -> Result<(), ReconcileError> {
     // No label of ours: we never registered this node (or are done with it).
     // The common case, real nodes included, costs no request.
@@ -312,32 +361,8 @@ async fn unregister(node: &Node, name: &str, ctx: &Context) -> Result<(), Reconc
     if let Some(csinode) = call(name, "get CSINode", csinodes.get_opt(name)).await? {
         let ours = fields::ours(csinode.metadata.managed_fields.as_deref());
         if !fields::list_keys(&ours, DRIVERS, "name").is_empty() {
-            // Without our entries, keeping our owner references: an emptied
-            // CSINode is harmless (kubelet keeps one on every node) and is
-            // still garbage collected with its node.
-            let owners: Vec<Value> = csinode
-                .metadata
-                .owner_references
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .filter(|o| fields::list_keys(&ours, OWNERS, "uid").contains(&o.uid))
-                .map(|o| json!({"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid}))
-                .collect();
-            let mut metadata = Map::new();
-            metadata.insert("name".into(), json!(name));
-            if !owners.is_empty() {
-                metadata.insert("ownerReferences".into(), Value::Array(owners));
-            }
-            let body =
-                json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": metadata});
             tracing::info!(node = name, driver, "removing CSINode entry");
-            call(
-                name,
-                "apply CSINode",
-                csinodes.patch(name, &apply(), &Patch::Apply(body)),
-            )
-            .await?;
+            drop_entry(&csinode, name, ctx).await?;
         }
     }
 

@@ -232,6 +232,42 @@ async fn a_new_virtual_node_gets_labels_then_annotation_then_csinode() {
     );
 }
 
+// With a single member cluster configured, a virtual node without the
+// member label still gets the member topology (the PVs of member volumes
+// require it of the node they are used on).
+#[tokio::test]
+async fn with_one_member_every_virtual_node_gets_its_topology() {
+    let spec = NodeSpec {
+        labels: json!({"kubernetes.io/hostname": NODE}),
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+        ..Default::default()
+    };
+    let mut single = config();
+    single.default_member = Some("solo".into());
+    let result = run_reconcile(node(spec), single, async |api| {
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        assert_eq!(
+            labels.body["metadata"]["labels"],
+            json!({MEMBER_KEY: "solo", NODE_KEY: NODE})
+        );
+        let written = NodeSpec {
+            labels: json!({MEMBER_KEY: "solo", NODE_KEY: NODE}),
+            managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+            node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+            ..Default::default()
+        };
+        labels.ok(node_json(&written, "101"));
+        api.expect("GET", CSINODE_PATH)
+            .await
+            .status(404, "NotFound", "NotFound");
+        let apply = api.expect("PATCH", CSINODE_PATH).await;
+        assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
+        apply.echo();
+    })
+    .await;
+    assert!(result.is_ok());
+}
+
 #[tokio::test]
 async fn other_drivers_keep_their_annotation_pair_and_csinode_entry() {
     let spec = NodeSpec {
@@ -337,9 +373,21 @@ async fn a_csinode_entry_that_is_stale_or_not_ours_is_applied_again() {
         vec![our_csinode_fields()],
     );
     wrong_owner["metadata"]["ownerReferences"][0]["uid"] = json!("an-older-node");
-    for live in [stale, not_ours, wrong_owner] {
+    for (live, keys_changed) in [(stale, true), (not_ours, false), (wrong_owner, false)] {
         let result = run_reconcile(node(spec()), config(), async |api| {
             api.expect("GET", CSINODE_PATH).await.ok(live.clone());
+            if keys_changed {
+                // Topology keys are immutable in place: the entry goes first
+                // (our apply without it), then comes back with the new keys.
+                let drop = api.expect("PATCH", CSINODE_PATH).await;
+                assert_eq!(
+                    drop.body,
+                    json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                           "metadata": {"name": NODE, "ownerReferences": [
+                               {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID}]}})
+                );
+                drop.echo();
+            }
             let apply = api.expect("PATCH", CSINODE_PATH).await;
             assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
             apply.echo();
@@ -376,6 +424,10 @@ async fn a_member_label_we_set_goes_when_its_source_goes_and_an_admins_stays() {
             vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])],
             vec![our_csinode_fields()],
         ));
+        // The keys shrink: the entry is removed, then written anew.
+        let drop = api.expect("PATCH", CSINODE_PATH).await;
+        assert!(drop.body.get("spec").is_none(), "{}", drop.body);
+        drop.echo();
         let apply = api.expect("PATCH", CSINODE_PATH).await;
         assert_eq!(apply.body, expected_csinode_apply(&[NODE_KEY]));
         apply.echo();
@@ -688,7 +740,7 @@ async fn answer_lists(api: &mut MockApi) {
 async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
     let (client, mut api) = client();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(run_until(client, config(), async move {
+    let runner = tokio::spawn(run_until(client.clone(), client, config(), async move {
         let _ = stopped.await;
     }));
     answer_lists(&mut api).await;
@@ -713,7 +765,7 @@ async fn run_until_watches_nodes_and_csinodes_and_stops_on_shutdown() {
 async fn run_until_stops_even_before_the_first_list_arrived() {
     let (client, mut api) = client();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let runner = tokio::spawn(run_until(client, config(), async move {
+    let runner = tokio::spawn(run_until(client.clone(), client, config(), async move {
         let _ = stopped.await;
     }));
     // The API server never answers.

@@ -3,6 +3,7 @@
 
 use tonic::{Request, Response, Status};
 
+use crate::config::SpecVersion;
 use crate::controller::{capacity, listing, modify, provision, publish, snapshot};
 use crate::csi::{self, controller_server::Controller, controller_service_capability::rpc::Type};
 use crate::driver::Driver;
@@ -34,7 +35,11 @@ pub const CAPABILITIES: &[Type] = &[
     Type::GetVolume,
     Type::SingleNodeMultiWriter,
     Type::ModifyVolume,
+    Type::GetSnapshot,
 ];
+
+/// Capabilities a spec version older than v1.12 does not define.
+const SINCE_V1_12: &[Type] = &[Type::GetSnapshot];
 
 type Reply<T> = Result<Response<T>, Status>;
 
@@ -143,6 +148,10 @@ impl Controller for ControllerService {
             Ok(csi::ControllerGetCapabilitiesResponse {
                 capabilities: CAPABILITIES
                     .iter()
+                    .filter(|t| {
+                        self.driver.config.csi_spec >= SpecVersion::V1_12
+                            || !SINCE_V1_12.contains(t)
+                    })
                     .map(|t| csi::ControllerServiceCapability {
                         r#type: Some(CapType::Rpc(Rpc { r#type: *t as i32 })),
                     })
@@ -176,6 +185,20 @@ impl Controller for ControllerService {
             "DeleteSnapshot",
             &id,
             snapshot::delete_snapshot(&self.driver, req),
+        )
+        .await
+    }
+
+    async fn get_snapshot(
+        &self,
+        r: Request<csi::GetSnapshotRequest>,
+    ) -> Reply<csi::GetSnapshotResponse> {
+        let req = r.into_inner();
+        let id = req.snapshot_id.clone();
+        rpc(
+            "GetSnapshot",
+            &id,
+            snapshot::get_snapshot(&self.driver, req),
         )
         .await
     }

@@ -84,7 +84,9 @@ impl Identity for IdentityService {
                     self.driver.backend.kind()
                 ))
             })?;
-            Ok(csi::ProbeResponse { ready: Some(true) })
+            // Serving, but not ready until the node's reconciliation is done.
+            let ready = self.driver.require_node_ready().is_ok();
+            Ok(csi::ProbeResponse { ready: Some(ready) })
         })
         .await
     }

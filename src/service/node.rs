@@ -36,7 +36,11 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeStageVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("NodeStageVolume", &id, stage::stage(&self.driver, req)).await
+        rpc("NodeStageVolume", &id, async {
+            self.driver.require_node_ready()?;
+            stage::stage(&self.driver, req).await
+        })
+        .await
     }
 
     async fn node_unstage_volume(
@@ -45,7 +49,11 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeUnstageVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("NodeUnstageVolume", &id, stage::unstage(&self.driver, req)).await
+        rpc("NodeUnstageVolume", &id, async {
+            self.driver.require_node_ready()?;
+            stage::unstage(&self.driver, req).await
+        })
+        .await
     }
 
     async fn node_publish_volume(
@@ -54,11 +62,10 @@ impl Node for NodeService {
     ) -> Reply<csi::NodePublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc(
-            "NodePublishVolume",
-            &id,
-            publish::publish(&self.driver, req),
-        )
+        rpc("NodePublishVolume", &id, async {
+            self.driver.require_node_ready()?;
+            publish::publish(&self.driver, req).await
+        })
         .await
     }
 
@@ -68,11 +75,10 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeUnpublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc(
-            "NodeUnpublishVolume",
-            &id,
-            publish::unpublish(&self.driver, req),
-        )
+        rpc("NodeUnpublishVolume", &id, async {
+            self.driver.require_node_ready()?;
+            publish::unpublish(&self.driver, req).await
+        })
         .await
     }
 
@@ -82,7 +88,11 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeGetVolumeStatsResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("NodeGetVolumeStats", &id, stats::stats(&self.driver, req)).await
+        rpc("NodeGetVolumeStats", &id, async {
+            self.driver.require_node_ready()?;
+            stats::stats(&self.driver, req).await
+        })
+        .await
     }
 
     async fn node_expand_volume(
@@ -91,7 +101,11 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeExpandVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        rpc("NodeExpandVolume", &id, expand::expand(&self.driver, req)).await
+        rpc("NodeExpandVolume", &id, async {
+            self.driver.require_node_ready()?;
+            expand::expand(&self.driver, req).await
+        })
+        .await
     }
 
     async fn node_get_capabilities(

@@ -216,7 +216,16 @@ pub async fn connect(socket: &Path) -> Channel {
                 }))
                 .await;
             if let Ok(channel) = attempt {
-                return channel;
+                // As a CO does: calls start once Probe says ready (the node
+                // reconciles its volumes first).
+                let mut identity = IdentityClient::new(channel.clone());
+                let ready = identity
+                    .probe(csi_relay::csi::ProbeRequest {})
+                    .await
+                    .is_ok_and(|r| r.into_inner().ready == Some(true));
+                if ready {
+                    return channel;
+                }
             }
         }
         assert!(

@@ -1,0 +1,139 @@
+//! Snapshots of volumes in use, and copy-on-write where the filesystem has
+//! it: the copy is a clean filesystem image, and a sparse volume's copy
+//! costs what its data costs.
+
+mod common;
+mod node_support;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+use csi_relay::backend::sparse_copy::{copy_file, Method};
+use csi_relay::csi::{self, volume_capability::access_mode::Mode};
+
+use common::req::fs_cap;
+use common::Driver;
+use node_support::*;
+
+// An ext4 volume staged on this node is frozen for the copy: the snapshot
+// holds the data written just before it, with a clean journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staged_filesystem_is_frozen_for_its_snapshot() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let cap = fs_cap(Mode::SingleNodeWriter, "ext4", &[]);
+    let v = ready_volume(&d, "frozen-src", 64 * MIB, cap.clone()).await;
+    let target = d.path("pods/writer/vol");
+    publish(&d, &v, &target, false).await;
+    // Written, not synced: only a freeze gets it into the copy for sure.
+    fs::write(target.join("data"), b"written just before the snapshot").unwrap();
+    let snap = d
+        .controller()
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: v.id.clone(),
+            name: "frozen-snap".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let log = d.log();
+    assert!(
+        log.contains("filesystem frozen for the snapshot copy"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot freeze"), "{log}");
+    // Still writable afterwards: the filesystem was thawed.
+    fs::write(target.join("after"), b"x").unwrap();
+
+    let mut req = common::req::create("frozen-restore", 64 * MIB, cap.clone());
+    req.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snap.snapshot_id.clone(),
+            },
+        )),
+    });
+    let vol = d
+        .controller()
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    let mut restored = Vol {
+        id: vol.volume_id,
+        cap,
+        staging: d.path("staging/frozen-restore"),
+        context: vol.volume_context,
+        publish_context: Default::default(),
+    };
+    controller_publish(&d, &mut restored, false).await;
+    stage(&d, &restored).await;
+    let t2 = d.path("pods/reader/vol");
+    publish(&d, &restored, &t2, false).await;
+    assert_eq!(
+        fs::read(t2.join("data")).unwrap(),
+        b"written just before the snapshot"
+    );
+    assert!(!t2.join("after").exists());
+    unpublish(&d, &restored.id, &t2).await;
+    destroy(&d, &restored).await;
+    unpublish(&d, &v.id, &target).await;
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}
+
+// On XFS with reflink the copy shares the source's extents.
+#[test]
+fn xfs_copies_are_reflinks() {
+    if let Err(why) = common::can_mount() {
+        common::skip(&format!("{why}: needs a loop-mounted XFS"));
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("xfs.img");
+    fs::File::create(&img)
+        .unwrap()
+        .set_len(512 * MIB as u64)
+        .unwrap();
+    let mkfs = std::process::Command::new("mkfs.xfs")
+        .args(["-q", "-m", "reflink=1", img.to_str().unwrap()])
+        .status();
+    if !mkfs.is_ok_and(|s| s.success()) {
+        common::skip("mkfs.xfs with reflink is not available");
+        return;
+    }
+    let mnt = dir.path().join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    run(
+        "mount",
+        &["-o", "loop", img.to_str().unwrap(), mnt.to_str().unwrap()],
+    );
+    let result = std::panic::catch_unwind(|| {
+        let src = mnt.join("src.img");
+        let f = fs::File::create(&src).unwrap();
+        f.set_len(256 * MIB as u64).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[7u8; 1 << 20], 0).unwrap();
+        f.sync_all().unwrap();
+        let copied = copy_file(&src, &mnt.join("copy.img")).unwrap();
+        assert_eq!(copied.method, Method::Reflink, "{copied:?}");
+        assert_eq!(copied.data_bytes, 0);
+        assert_eq!(
+            fs::read(&src).unwrap(),
+            fs::read(mnt.join("copy.img")).unwrap()
+        );
+        assert_eq!(
+            fs::metadata(mnt.join("copy.img")).unwrap().size(),
+            256 * MIB as u64
+        );
+    });
+    run("umount", &[mnt.to_str().unwrap()]);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
