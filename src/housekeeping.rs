@@ -11,7 +11,9 @@
 //! - removes backend data that no record owns (a crash mid-way through a
 //!   delete, or temporary copies);
 //! - removes member attachments no record wants (kept at unpublish while
-//!   a member pod still used the volume on that node).
+//!   a member pod still used the volume on that node);
+//! - detaches loop devices whose volume file was deleted under them (a
+//!   tool that outlived a crash could attach after the start-up sweep).
 //!
 //! Every action takes the same in-flight guards as the RPCs, so the sweep
 //! never races a call on the same volume or name; a busy one waits for the
@@ -37,6 +39,7 @@ pub struct Report {
     pub finished_snapshot_deletes: usize,
     pub reclaimed_data: usize,
     pub collected_attachments: usize,
+    pub detached_loops: usize,
     /// Entries skipped because a call was working on them.
     pub busy: usize,
 }
@@ -98,7 +101,36 @@ pub async fn sweep(d: &Driver) -> CsiResult<Report> {
     for a in d.backend.own_attachments().await? {
         collect_attachment(d, a, &mut report).await;
     }
+    detach_unlinked_loops(d, &mut report).await;
     Ok(report)
+}
+
+/// A loop device over a deleted volume file serves data no record owns
+/// and pins the file's blocks. Detaching a device that is still mounted
+/// only marks it to go on the last unmount, so this never pulls a
+/// filesystem from under a user.
+async fn detach_unlinked_loops(d: &Driver, report: &mut Report) {
+    let dir = d.config.state_dir.join("volumes");
+    let found = match crate::mount::loopdev::unlinked_under(&dir) {
+        Ok(found) => found,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "housekeeping: cannot list loop devices");
+            return;
+        }
+    };
+    for dev in found {
+        match crate::mount::loopdev::detach(&dev.device).await {
+            Ok(()) => {
+                tracing::warn!(device = %dev.device.display(), file = %dev.backing.display(), "housekeeping: detached a loop device over a deleted volume file");
+                crate::observe::housekeeping("detached_loop");
+                report.detached_loops += 1;
+            }
+            Err(e) => {
+                tracing::warn!(device = %dev.device.display(), error = %e, "housekeeping: cannot detach a loop device over a deleted volume file; will retry")
+            }
+        }
+    }
 }
 
 /// Removes a backend-side attachment no record wants: its volume is gone,

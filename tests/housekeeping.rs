@@ -277,3 +277,53 @@ async fn an_undecodable_record_does_not_stop_start_up() {
     let log = d.log();
     assert!(log.contains("moved to quarantine"), "{log}");
 }
+
+// A loop device left over a deleted volume file (a losetup that outlived
+// a crash attached it after the start-up sweep) is detached by the sweep;
+// one over a live file is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loop_device_over_a_deleted_volume_file_is_detached() {
+    require_mounts!();
+    let d = Driver::start(&["--housekeeping-interval", "1"]).await;
+    let volumes = d.state_dir.join("volumes");
+    fs::create_dir_all(&volumes).unwrap();
+    let attach = |file: &Path| {
+        fs::write(file, vec![0u8; 1 << 20]).unwrap();
+        let out = std::process::Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let gone = volumes.join("vol-unlinked.img");
+    let gone_dev = attach(&gone);
+    fs::remove_file(&gone).unwrap();
+    // A file outside the volumes directory is not the driver's.
+    let foreign = d.path("foreign.img");
+    let foreign_dev = attach(&foreign);
+    let backing = |dev: &str| {
+        let name = Path::new(dev)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        fs::read_to_string(format!("/sys/block/{name}/loop/backing_file")).ok()
+    };
+    until("the sweep to detach the device", || {
+        backing(&gone_dev).is_none()
+    })
+    .await;
+    fs::remove_file(&foreign).unwrap();
+    // Sweeps run every second: give one the chance to (wrongly) act.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let still = backing(&foreign_dev);
+    let _ = std::process::Command::new("losetup")
+        .args(["--detach", &foreign_dev])
+        .status();
+    assert!(
+        still.is_some(),
+        "a device outside the volumes dir was detached"
+    );
+}

@@ -4,28 +4,19 @@
 use std::io;
 use std::path::Path;
 
-use tokio::process::Command;
+use std::time::Duration;
 
-async fn run(program: &str, args: &[&str]) -> io::Result<std::process::Output> {
-    Command::new(program)
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| io::Error::new(e.kind(), format!("{program}: {e}")))
-}
+use super::helper;
 
-fn failed(program: &str, out: &std::process::Output) -> io::Error {
-    io::Error::other(format!(
-        "{program} exited with {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr).trim()
-    ))
-}
+/// mkfs with lazy init and the grow tools touch metadata only; past this
+/// the device is stuck and the caller gets an error it can retry.
+const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The filesystem type already on `device`, or None for a blank device.
 pub async fn probe(device: &Path) -> io::Result<Option<String>> {
     let dev = device.to_string_lossy();
-    let out = run("blkid", &["-p", "-o", "value", "-s", "TYPE", &dev]).await?;
+    let args = ["-p", "-o", "value", "-s", "TYPE", &dev];
+    let out = helper::run("blkid", &args, TOOL_TIMEOUT).await?;
     match out.status.code() {
         Some(0) => {
             let t = String::from_utf8_lossy(&out.stdout).trim().to_string();
@@ -33,7 +24,7 @@ pub async fn probe(device: &Path) -> io::Result<Option<String>> {
         }
         // blkid exits 2 when it finds nothing it recognises.
         Some(2) => Ok(None),
-        _ => Err(failed("blkid", &out)),
+        _ => Err(helper::failed("blkid", &args, &out)),
     }
 }
 
@@ -56,12 +47,9 @@ pub async fn make(device: &Path, fs_type: &str) -> io::Result<()> {
             &dev,
         ],
     };
-    let out = run(&program, &args).await?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(failed(&program, &out))
-    }
+    helper::run_ok(&program, &args, TOOL_TIMEOUT)
+        .await
+        .map(|_| ())
 }
 
 /// Grows the filesystem on `device` (mounted at `mount_point`) to fill it.
@@ -70,10 +58,7 @@ pub async fn grow(device: &Path, mount_point: &Path, fs_type: &str) -> io::Resul
         "xfs" => ("xfs_growfs", mount_point.to_string_lossy()),
         _ => ("resize2fs", device.to_string_lossy()),
     };
-    let out = run(program, &[&target]).await?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(failed(program, &out))
-    }
+    helper::run_ok(program, &[&target], TOOL_TIMEOUT)
+        .await
+        .map(|_| ())
 }

@@ -7,17 +7,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tokio::process::Command;
+use super::helper;
+
+/// losetup only talks to the loop driver; longer than this means it hangs.
+const LOSETUP_TIMEOUT: Duration = Duration::from_secs(30);
 
 async fn losetup(args: &[&str]) -> io::Result<String> {
-    let out = Command::new("losetup").args(args).output().await?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "losetup {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
+    let out = helper::run_ok("losetup", args, LOSETUP_TIMEOUT).await?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
@@ -70,6 +66,23 @@ pub fn list() -> io::Result<Vec<(PathBuf, PathBuf)>> {
     Ok(devices()?
         .into_iter()
         .map(|d| (d.device, d.backing))
+        .collect())
+}
+
+/// Loop devices, not yet being detached, whose backing file under `dir`
+/// was unlinked: their data is gone for every reader but the device.
+pub fn unlinked_under(dir: &Path) -> io::Result<Vec<LoopDevice>> {
+    let dir = kernel_name(dir)?;
+    Ok(devices()?
+        .into_iter()
+        .filter(|d| {
+            !d.detaching
+                && d.backing.starts_with(&dir)
+                && d.backing
+                    .as_os_str()
+                    .to_string_lossy()
+                    .ends_with(" (deleted)")
+        })
         .collect())
 }
 

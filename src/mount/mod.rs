@@ -3,6 +3,7 @@
 
 pub mod filesystem;
 pub mod freeze;
+pub mod helper;
 pub mod loopdev;
 pub mod mount_point;
 pub mod mountinfo;

@@ -7,7 +7,7 @@ use std::io;
 use std::path::Path;
 use std::time::Duration;
 
-use tokio::process::Command;
+use super::helper;
 
 /// The helper `mount -t nfs` runs; without it the kernel refuses NFS mounts.
 pub const HELPER: &str = "mount.nfs";
@@ -90,29 +90,10 @@ pub fn is_export(fs_type: &str, source: &str, server: &str, path: &str) -> bool 
 
 /// Runs `mount` with `args` (from [`mount_args`]), bounded by [`MOUNT_TIMEOUT`].
 pub async fn mount(args: &[String]) -> io::Result<()> {
-    let child = Command::new("mount").args(args).kill_on_drop(true).output();
-    let out = tokio::time::timeout(MOUNT_TIMEOUT, child)
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    helper::run_ok("mount", &args, MOUNT_TIMEOUT)
         .await
-        .map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "mount {} did not finish within {MOUNT_TIMEOUT:?}",
-                    args.join(" ")
-                ),
-            )
-        })?
-        .map_err(|e| io::Error::new(e.kind(), format!("mount: {e}")))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "mount {} exited with {}: {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
-    }
+        .map(|_| ())
 }
 
 #[cfg(test)]
