@@ -38,9 +38,44 @@ pub struct VolumeParams {
     /// member cluster's default StorageClass).
     #[serde(rename = "memberStorageClass")]
     pub member_storage_class: Option<String>,
-    /// Member backend: the namespace of the member PVC (default "default").
+    /// Member backend: the namespace of the member PVC. `${pvc.namespace}`
+    /// in it stands for the host PVC's namespace (e.g. Liqo's
+    /// `${pvc.namespace}-<cluster id>`). Default: the host PVC's namespace
+    /// when external-provisioner passes it, else "default".
     #[serde(rename = "memberNamespace")]
     pub member_namespace: Option<String>,
+    /// Member backend: how the member PVC is named. `host` (default): as the
+    /// host PVC, so a pod mirrored into the member (Kosmos, Liqo) with its
+    /// claim name finds it; `generated`: `relay-<uuid>`. Without the host
+    /// PVC's name (no --extra-create-metadata) it is always generated.
+    #[serde(rename = "memberClaimName")]
+    pub member_claim_name: Option<ClaimNaming>,
+    /// Member backend: "true" creates a missing member namespace (never
+    /// deleted by the relay). Default "false": a missing namespace is
+    /// FAILED_PRECONDITION naming it.
+    #[serde(rename = "createMemberNamespace")]
+    pub create_member_namespace: Option<Flag>,
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ClaimNaming {
+    Host,
+    Generated,
+}
+
+/// A boolean StorageClass parameter (parameters are strings).
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Flag {
+    True,
+    False,
+}
+
+impl Flag {
+    pub fn on(flag: Option<Flag>) -> bool {
+        flag == Some(Flag::True)
+    }
 }
 
 impl VolumeParams {
@@ -55,6 +90,12 @@ impl VolumeParams {
         }
         if self.member_namespace.is_some() {
             keys.push("memberNamespace");
+        }
+        if self.member_claim_name.is_some() {
+            keys.push("memberClaimName");
+        }
+        if self.create_member_namespace.is_some() {
+            keys.push("createMemberNamespace");
         }
         keys
     }
@@ -80,12 +121,29 @@ pub fn decode<T: for<'de> Deserialize<'de>>(
 ) -> CsiResult<T> {
     // Going through a JSON object gives serde's precise messages ("unknown
     // field `x`, expected one of ...") and proper Option handling.
-    let object: serde_json::Map<String, serde_json::Value> = map
-        .iter()
-        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
-        .collect();
-    serde_json::from_value(serde_json::Value::Object(object))
-        .map_err(|e| CsiError::invalid(field, e.to_string()))
+    let object = |pairs: &mut dyn Iterator<Item = (&String, &String)>| {
+        serde_json::Value::Object(
+            pairs
+                .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+                .collect(),
+        )
+    };
+    serde_json::from_value(object(&mut map.iter())).map_err(|e| {
+        // serde names an unknown key but not the key of a bad value: find
+        // it by decoding the keys one at a time (all are optional).
+        let mut keys: Vec<&String> = map.keys().collect();
+        keys.sort();
+        let culprit = keys.into_iter().find(|k| {
+            let one = object(&mut map.get_key_value(k.as_str()).into_iter());
+            serde_json::from_value::<T>(one).is_err()
+        });
+        match culprit {
+            Some(k) if !e.to_string().contains(k.as_str()) => {
+                CsiError::invalid(field, format!("{k}: {e}"))
+            }
+            _ => CsiError::invalid(field, e.to_string()),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -302,6 +302,7 @@ impl Backend for LocalBackend {
 
     fn place(
         &self,
+        _name: &str,
         params: &VolumeParams,
         caps: &[Capability],
         req: Option<&csi::TopologyRequirement>,
@@ -545,7 +546,7 @@ mod tests {
             b.check_snapshot_parameters(&s).unwrap_err().code(),
             tonic::Code::InvalidArgument
         );
-        let placed = b.place(&VolumeParams::default(), &[], None).unwrap();
+        let placed = b.place("v", &VolumeParams::default(), &[], None).unwrap();
         assert!(placed.id.starts_with("vol-"));
         assert_eq!(placed.backing, Backing::Directory);
     }

@@ -154,9 +154,11 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Decides the id, backing, topology and context of a new volume from its
-    /// decoded parameters, capabilities and accessibility requirements.
+    /// CSI name, decoded parameters, capabilities and accessibility
+    /// requirements.
     fn place(
         &self,
+        name: &str,
         params: &VolumeParams,
         caps: &[Capability],
         req: Option<&csi::TopologyRequirement>,

@@ -180,9 +180,12 @@ pub async fn create_volume(
     d.backend.check_parameters(&typed)?;
     let mutable = check_mutable(d, &req.mutable_parameters)?;
     let source = decode_source(req.volume_content_source.as_ref())?;
-    let placement = d
-        .backend
-        .place(&typed, &caps, req.accessibility_requirements.as_ref())?;
+    let placement = d.backend.place(
+        &name,
+        &typed,
+        &caps,
+        req.accessibility_requirements.as_ref(),
+    )?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
 
     let mut keys = vec![volume_name_key(&name)];

@@ -15,11 +15,10 @@ use crate::member::cluster::Cluster;
 use crate::member::naming::{self, MemberVolume};
 use crate::member::pvc::{self, ClaimPlan, DataSource};
 use crate::member::source::{self, MemberSource, SourceKind};
-use crate::member::{attach, capacity, nodes, snapshot, WAIT_BUDGET};
-use crate::params::{self, BackingChoice, SnapshotParams, VolumeParams};
+use crate::member::{attach, capacity, namespace, nodes, snapshot, WAIT_BUDGET};
+use crate::params::{self, BackingChoice, Flag, SnapshotParams, VolumeParams};
 use crate::volume::{Backing, Snapshot, Volume};
 
-const DEFAULT_NAMESPACE: &str = "default";
 /// How long a member found unreachable answers health checks from memory,
 /// so ListVolumes over many volumes does not wait on it once per volume.
 const UNREACHABLE_MEMORY: Duration = Duration::from_secs(15);
@@ -234,12 +233,8 @@ impl Backend for MemberBackend {
             }
         }
         if let Some(ns) = &params.member_namespace {
-            if !naming::is_dns_label(ns) {
-                return Err(CsiError::invalid(
-                    "parameters",
-                    format!("memberNamespace {ns:?} is not a valid namespace name"),
-                ));
-            }
+            naming::check_namespace_template(ns)
+                .map_err(|why| CsiError::invalid("parameters", why))?;
         }
         if let Some(sc) = &params.member_storage_class {
             if !naming::is_dns_subdomain(sc) {
@@ -264,18 +259,15 @@ impl Backend for MemberBackend {
 
     fn place(
         &self,
+        name: &str,
         params: &VolumeParams,
         _caps: &[Capability],
         req: Option<&csi::TopologyRequirement>,
     ) -> CsiResult<Placement> {
         self.check_parameters(params)?;
         let (member, selected_node) = self.choose(params, req)?;
-        let namespace = params
-            .member_namespace
-            .clone()
-            .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string());
-        let uuid = uuid::Uuid::new_v4();
-        let pvc = naming::pvc_name(&uuid.simple().to_string());
+        let uuid = naming::volume_uuid(&self.driver_name, name);
+        let (namespace, pvc) = naming::member_claim(params, &uuid.simple().to_string())?;
         let context = BTreeMap::from([
             (source::MEMBER.to_string(), member.clone()),
             (source::MEMBER_NAMESPACE.to_string(), namespace.clone()),
@@ -366,7 +358,16 @@ impl Backend for MemberBackend {
             }
             Some(SourceData::Volume(src)) => {
                 same_place(format!("volume {}", src.id), &src.backing)?;
-                Some(DataSource::Claim(MemberVolume::of(src)?.pvc))
+                let from = MemberVolume::of(src)?;
+                if pvc::owned(cluster, &from, &src.id).await?.is_none() {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "{}: PersistentVolumeClaim {} of source volume {} is missing; there is nothing to clone",
+                        cluster.label(),
+                        from.pvc_path(),
+                        src.id
+                    )));
+                }
+                Some(DataSource::Claim(from.pvc))
             }
         };
         let class = match (&params.member_storage_class, &at.selected_node) {
@@ -386,6 +387,9 @@ impl Backend for MemberBackend {
             selected_node,
             driver_name: &self.driver_name,
         });
+        if Flag::on(params.create_member_namespace) {
+            namespace::ensure(cluster, &at.namespace).await?;
+        }
         pvc::ensure(cluster, &claim, &vol.id).await?;
         tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
         Ok(())
@@ -394,7 +398,7 @@ impl Backend for MemberBackend {
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {
         let at = MemberVolume::of(vol)?;
         let cluster = self.cluster(&at.member)?;
-        pvc::delete(cluster, &at.namespace, &at.pvc).await
+        pvc::delete(cluster, &at, &vol.id).await
     }
 
     async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<()> {
@@ -402,13 +406,11 @@ impl Backend for MemberBackend {
         let cluster = self.cluster(&at.member)?;
         let label = cluster.label();
         let path = at.pvc_path();
-        let claim = pvc::get(cluster, &at.namespace, &at.pvc)
-            .await?
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!(
-                    "{label}: PersistentVolumeClaim {path} is missing"
-                ))
-            })?;
+        let claim = pvc::owned(cluster, &at, &vol.id).await?.ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "{label}: PersistentVolumeClaim {path} is missing"
+            ))
+        })?;
         let phase = pvc::phase(&claim);
         if phase != "Bound" {
             return Err(CsiError::Unavailable(format!(
@@ -460,6 +462,14 @@ impl Backend for MemberBackend {
         let cluster = self.cluster(&at.member)?;
         let map: HashMap<String, String> = snap.parameters.clone().into_iter().collect();
         let typed: SnapshotParams = params::decode(&map, "parameters")?;
+        if pvc::owned(cluster, &at, &source.id).await?.is_none() {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{}: PersistentVolumeClaim {} of volume {} is missing; there is nothing to snapshot",
+                cluster.label(),
+                at.pvc_path(),
+                source.id
+            )));
+        }
         let name = naming::snapshot_name(&snap.id);
         let annotations = BTreeMap::from([
             (naming::SNAPSHOT_ID_ANNOTATION.to_string(), snap.id.clone()),
@@ -506,13 +516,11 @@ impl Backend for MemberBackend {
             self.virtual_nodes.as_ref(),
         )
         .await?;
-        let claim = pvc::get(cluster, &at.namespace, &at.pvc)
-            .await?
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!(
-                    "{label}: PersistentVolumeClaim {path} is missing; the volume's storage is gone"
-                ))
-            })?;
+        let claim = pvc::owned(cluster, &at, &vol.id).await?.ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "{label}: PersistentVolumeClaim {path} is missing; the volume's storage is gone"
+            ))
+        })?;
         if claim.metadata.deletion_timestamp.is_some() {
             return Err(CsiError::FailedPrecondition(format!(
                 "{label}: PersistentVolumeClaim {path} is being deleted"
@@ -651,7 +659,7 @@ impl Backend for MemberBackend {
         }
         let label = cluster.label();
         let path = at.pvc_path();
-        let claim = match pvc::get(cluster, &at.namespace, &at.pvc).await {
+        let claim = match pvc::owned(cluster, &at, &vol.id).await {
             Ok(c) => {
                 self.remember_unreachable(&at.member, None);
                 c

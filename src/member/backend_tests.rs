@@ -73,12 +73,22 @@ fn volume(
     caps: Vec<Capability>,
     req: Option<&csi::TopologyRequirement>,
 ) -> Volume {
+    volume_named(b, "pvc-0a1b", parameters, caps, req)
+}
+
+fn volume_named(
+    b: &MemberBackend,
+    name: &str,
+    parameters: BTreeMap<String, String>,
+    caps: Vec<Capability>,
+    req: Option<&csi::TopologyRequirement>,
+) -> Volume {
     let map: HashMap<String, String> = parameters.clone().into_iter().collect();
     let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
-    let placed = b.place(&typed, &caps, req).unwrap();
+    let placed = b.place(name, &typed, &caps, req).unwrap();
     Volume {
         id: placed.id,
-        name: "pvc-0a1b".into(),
+        name: name.into(),
         capacity_bytes: 1 << 30,
         backing: placed.backing,
         capabilities: caps,
@@ -168,8 +178,15 @@ async fn placement_names_the_member_and_a_deterministic_pvc() {
         vol.id
     );
     let at = MemberVolume::of(&vol).unwrap();
-    assert_eq!(at.pvc, format!("relay-{}", at.uuid));
+    // Named as the host PVC, so a pod mirrored with its claim name finds it.
+    assert_eq!(at.pvc, "data");
     assert_eq!(at.namespace, "relay");
+    // The id follows from the CSI name: a retry with no record finds it.
+    assert_eq!(standard(&b).id, vol.id);
+    assert_ne!(
+        volume_named(&b, "pvc-other", BTreeMap::new(), vec![], None).id,
+        vol.id
+    );
     assert_eq!(
         vol.topology,
         vec![BTreeMap::from([(
@@ -179,7 +196,119 @@ async fn placement_names_the_member_and_a_deterministic_pvc() {
     );
     assert_eq!(vol.context[source::MEMBER_PVC], at.pvc);
     let default_ns = volume(&b, BTreeMap::new(), vec![], None);
-    assert_eq!(MemberVolume::of(&default_ns).unwrap().namespace, "default");
+    let at = MemberVolume::of(&default_ns).unwrap();
+    assert_eq!(at.namespace, "default");
+    assert_eq!(
+        at.pvc,
+        format!("relay-{}", at.uuid),
+        "no host PVC name: generated"
+    );
+}
+
+#[tokio::test]
+async fn the_member_claim_follows_the_host_claim_unless_told_otherwise() {
+    let (b, _api) = east();
+    let host = [
+        ("csi.storage.k8s.io/pvc/name", "data-0"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+    ];
+    let at = |extra: &[(&str, &str)]| {
+        let mut all = host.to_vec();
+        all.extend_from_slice(extra);
+        MemberVolume::of(&volume(&b, params(&all), vec![], None)).unwrap()
+    };
+    let same = at(&[]);
+    assert_eq!(
+        (same.namespace.as_str(), same.pvc.as_str()),
+        ("shop", "data-0")
+    );
+    let liqo = at(&[("memberNamespace", "${pvc.namespace}-c0ffee")]);
+    assert_eq!(liqo.namespace, "shop-c0ffee");
+    let fixed = at(&[("memberNamespace", "relay")]);
+    assert_eq!(fixed.namespace, "relay");
+    let generated = at(&[("memberClaimName", "generated")]);
+    assert_eq!(generated.pvc, format!("relay-{}", generated.uuid));
+    assert_eq!(generated.namespace, "shop");
+
+    let place = |pairs: &[(&str, &str)]| {
+        let map: HashMap<String, String> = params(pairs).into_iter().collect();
+        params::decode::<VolumeParams>(&map, "parameters")
+            .and_then(|typed| {
+                b.check_parameters(&typed)?;
+                b.place("pvc-1", &typed, &[], None)
+            })
+            .err()
+            .map(|e| (e.code(), e.to_string()))
+    };
+    let long = "n".repeat(60);
+    for (pairs, needle) in [
+        // The template needs the host namespace.
+        (
+            vec![("memberNamespace", "${pvc.namespace}-x")],
+            "--extra-create-metadata",
+        ),
+        // The result must still be a namespace name.
+        (
+            vec![
+                ("memberNamespace", "${pvc.namespace}-c0ffee"),
+                ("csi.storage.k8s.io/pvc/namespace", long.as_str()),
+                ("csi.storage.k8s.io/pvc/name", "d"),
+            ],
+            "not a valid namespace name",
+        ),
+        (vec![("memberNamespace", "Bad_NS")], "memberNamespace"),
+        (
+            vec![
+                ("csi.storage.k8s.io/pvc/name", "../etc"),
+                ("csi.storage.k8s.io/pvc/namespace", "shop"),
+            ],
+            "csi.storage.k8s.io/pvc/name",
+        ),
+        (vec![("memberClaimName", "mine")], "memberClaimName"),
+        (
+            vec![("createMemberNamespace", "yes")],
+            "createMemberNamespace",
+        ),
+    ] {
+        let (code, msg) = place(&pairs).unwrap_or((Code::Ok, String::new()));
+        assert_eq!(code, Code::InvalidArgument, "{pairs:?}: {msg}");
+        assert!(msg.contains(needle), "{pairs:?}: {msg}");
+    }
+}
+
+#[tokio::test]
+async fn a_missing_member_namespace_is_named_or_created_when_asked() {
+    let (b, mut api) = east();
+    let host = [
+        ("csi.storage.k8s.io/pvc/name", "data-0"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+    ];
+    let vol = volume(&b, params(&host), vec![], None);
+    let shop_pvcs = "/api/v1/namespaces/shop/persistentvolumeclaims";
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", shop_pvcs).await.status(
+            404,
+            "NotFound",
+            "namespaces \"shop\" not found",
+        );
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("createMemberNamespace"), "{err}");
+    assert!(err.to_string().contains("\"shop\""), "{err}");
+
+    let mut all = host.to_vec();
+    all.push(("createMemberNamespace", "true"));
+    let vol = volume(&b, params(&all), vec![], None);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        let ns = api.expect("POST", "/api/v1/namespaces").await;
+        assert_eq!(ns.body["metadata"]["name"], "shop");
+        ns.already_exists();
+        let post = api.expect("POST", shop_pvcs).await;
+        assert_eq!(post.body["metadata"]["name"], "data-0");
+        post.created();
+    });
+    result.unwrap();
 }
 
 #[tokio::test]
@@ -207,14 +336,16 @@ async fn placement_follows_parameters_then_topology() {
         ..Default::default()
     };
     // The parameter contradicts the requisite topology.
-    let err = b.place(&typed("east"), &[], Some(&req)).unwrap_err();
+    let err = b.place("v", &typed("east"), &[], Some(&req)).unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     // Unknown member by parameter.
-    let err = b.place(&typed("north"), &[], None).unwrap_err();
+    let err = b.place("v", &typed("north"), &[], None).unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.to_string().contains("north"), "{err}");
     // Two members and nothing to choose by.
-    let err = b.place(&VolumeParams::default(), &[], None).unwrap_err();
+    let err = b
+        .place("v", &VolumeParams::default(), &[], None)
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.to_string().contains(TOPOLOGY_MEMBER_KEY), "{err}");
     // Topology naming only unconfigured members.
@@ -223,7 +354,7 @@ async fn placement_follows_parameters_then_topology() {
         preferred: vec![],
     };
     let err = b
-        .place(&VolumeParams::default(), &[], Some(&other))
+        .place("v", &VolumeParams::default(), &[], Some(&other))
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
 }
@@ -406,8 +537,9 @@ async fn create_refuses_a_pvc_of_another_volume() {
         api.expect("GET", &format!("{PVCS}/{name}")).await.ok(other);
     });
     let err = result.unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
-    assert!(err.to_string().contains("does not belong"), "{err}");
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    assert!(err.to_string().contains("did not create"), "{err}");
+    assert!(err.to_string().contains(&name), "{err}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -490,8 +622,9 @@ async fn forbidden_is_failed_precondition_naming_the_permission() {
 #[tokio::test(start_paused = true)]
 async fn clones_and_restores_use_a_member_data_source() {
     let (b, mut api) = east();
-    let mut src = volume(
+    let mut src = volume_named(
         &b,
+        "pvc-source",
         params(&[("memberNamespace", "relay")]),
         vec![mount(AccessMode::SingleNodeWriter)],
         None,
@@ -520,6 +653,7 @@ async fn clones_and_restores_use_a_member_data_source() {
     let (result, ()) = tokio::join!(
         b.create_volume(&vol, Some(SourceData::Volume(&src))),
         async {
+            source_claim(&mut api, &src).await;
             let post = api.expect("POST", PVCS).await;
             assert_eq!(
                 post.body["spec"]["dataSource"],
@@ -562,16 +696,76 @@ async fn delete_removes_the_pvc_and_absent_is_success() {
     let (b, mut api) = east();
     let vol = standard(&b);
     let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let mut ours = claim(&vol, "Bound", Some("pv-1"));
+    ours["metadata"]["uid"] = "uid-1".into();
     let (result, ()) = tokio::join!(b.delete_volume(&vol), async {
+        api.expect("GET", &path).await.ok(ours.clone());
         let del = api.expect("DELETE", &path).await;
         assert_eq!(del.body["propagationPolicy"], "Background");
-        del.ok(claim(&vol, "Bound", Some("pv-1")));
+        assert_eq!(
+            del.body["preconditions"]["uid"], "uid-1",
+            "never a replaced claim"
+        );
+        del.ok(ours.clone());
     });
     result.unwrap();
     let (result, ()) = tokio::join!(b.delete_volume(&vol), async {
-        api.expect("DELETE", &path).await.not_found();
+        api.expect("GET", &path).await.not_found();
     });
     result.unwrap();
+    // Replaced between the read and the delete: the uid precondition fails.
+    let (result, ()) = tokio::join!(b.delete_volume(&vol), async {
+        api.expect("GET", &path).await.ok(ours.clone());
+        api.expect("DELETE", &path).await.status(
+            409,
+            "Conflict",
+            "Precondition failed: UID in precondition: uid-1, UID in object meta: uid-2",
+        );
+    });
+    result.unwrap();
+}
+
+// A claim of that name the relay did not make (a mirroring system deleted
+// ours and made its own) is never deleted, nor read, resized or mounted.
+#[tokio::test]
+async fn a_foreign_claim_under_the_volume_name_is_never_touched() {
+    let (b, mut api) = east();
+    let mut vol = standard(&b);
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let mut foreign = claim(&vol, "Bound", Some("pv-other"));
+    foreign["metadata"]["annotations"] = json!({});
+    // Had delete asked anything more, it would wait for an answer for ever.
+    let (result, ()) = tokio::join!(b.delete_volume(&vol), async {
+        api.expect("GET", &path).await.ok(foreign.clone());
+    });
+    result.unwrap();
+    let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path).await.ok(foreign.clone());
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.to_string().contains("not the one csi-relay created"),
+        "{err}"
+    );
+    vol.lifecycle = Lifecycle::Ready;
+    let (result, ()) = tokio::join!(b.attach(&vol, "member-node-1"), async {
+        api.expect("GET", "/api/v1/nodes/member-node-1")
+            .await
+            .ok(node("member-node-1", json!({})));
+        api.expect("GET", &path).await.ok(foreign.clone());
+    });
+    assert_eq!(result.unwrap_err().code(), Code::FailedPrecondition);
+    let (health, ()) = tokio::join!(b.health(&vol), async {
+        api.expect("GET", &path).await.ok(foreign.clone());
+    });
+    assert!(health.abnormal, "{}", health.message);
+}
+
+async fn source_claim(api: &mut MockApi, vol: &Volume) {
+    api.expect("GET", &format!("{PVCS}/{}", pvc_name(vol)))
+        .await
+        .ok(claim(vol, "Bound", Some("pv-1")));
 }
 
 // ---- ControllerPublish / Unpublish ------------------------------------------
@@ -1022,6 +1216,7 @@ async fn snapshots_are_member_volume_snapshots() {
     let vol = standard(&b);
     let snap = snapshot_of(&vol, params(&[("memberSnapshotClass", "csi-snap")]));
     let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        source_claim(&mut api, &vol).await;
         let post = api.expect("POST", SNAPS).await;
         assert_eq!(post.body["apiVersion"], "snapshot.storage.k8s.io/v1");
         assert_eq!(post.body["kind"], "VolumeSnapshot");
@@ -1043,6 +1238,7 @@ async fn snapshots_are_member_volume_snapshots() {
     result.unwrap();
     // Retry: exists already and is ours.
     let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        source_claim(&mut api, &vol).await;
         api.expect("POST", SNAPS).await.already_exists();
         api.expect("GET", &format!("{SNAPS}/relay-snap-00ff"))
             .await
@@ -1069,6 +1265,7 @@ async fn a_member_without_the_snapshot_api_is_failed_precondition() {
     let vol = standard(&b);
     let snap = snapshot_of(&vol, BTreeMap::new());
     let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        source_claim(&mut api, &vol).await;
         let post = api.expect("POST", SNAPS).await;
         assert!(post.body["spec"].get("volumeSnapshotClassName").is_none());
         post.status(
@@ -1093,6 +1290,7 @@ async fn a_snapshot_not_ready_in_time_is_retryable() {
     let vol = standard(&b);
     let snap = snapshot_of(&vol, BTreeMap::new());
     let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        source_claim(&mut api, &vol).await;
         api.expect("POST", SNAPS).await.created();
     });
     let err = result.unwrap_err();

@@ -14,6 +14,7 @@ use crate::controller::{provision, publish};
 use crate::csi;
 use crate::driver::Driver;
 use crate::member::backend::MemberBackend;
+use crate::member::naming::VOLUME_ID_ANNOTATION;
 use crate::member::relay_volume::{RelayVolumeObserver, Role};
 use crate::member::testing::{self, MockApi};
 use crate::store::Store;
@@ -192,7 +193,8 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
                 .not_found();
             member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
                 json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                           "metadata": {"name": pvc, "namespace": "relay"},
+                           "metadata": {"name": pvc, "namespace": "relay",
+                                        "annotations": {VOLUME_ID_ANNOTATION: vol.volume_id}},
                            "status": {"phase": "Pending"}}),
             );
         },
@@ -249,8 +251,9 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
         ),
         async {
             let pvc = first_pvc.as_str().unwrap_or_default();
+            // Gone already (a mirroring system deleted it with the host PVC).
             member
-                .expect("DELETE", &format!("{PVCS}/{pvc}"))
+                .expect("GET", &format!("{PVCS}/{pvc}"))
                 .await
                 .not_found();
         },
@@ -393,7 +396,8 @@ async fn a_virtual_node_for_a_whole_member_cluster_needs_no_relay_attachment() {
                 .not_found();
             member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
                 json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                       "metadata": {"name": pvc, "namespace": "relay"},
+                       "metadata": {"name": pvc, "namespace": "relay",
+                                    "annotations": {VOLUME_ID_ANNOTATION: vol.volume_id}},
                        "status": {"phase": "Pending"}}),
             );
             member.expect_idle().await;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::{CsiError, CsiResult};
-use crate::params::VolumeParams;
+use crate::params::{ClaimNaming, VolumeParams};
 use crate::volume::{Backing, Volume};
 
 /// Longest member cluster name: keeps `m-<member>-<uuid>` well under 128 bytes.
@@ -90,9 +90,78 @@ pub fn parse_volume_id(id: &str) -> Option<(&str, &str)> {
     (hex && check_member_name(member).is_ok()).then_some((member, uuid))
 }
 
-/// The member PVC of the volume with this uuid.
+/// The generated name of the member PVC of the volume with this uuid.
 pub fn pvc_name(uuid: &str) -> String {
     format!("relay-{uuid}")
+}
+
+/// In `memberNamespace`: the host PVC's namespace.
+pub const HOST_NAMESPACE_VAR: &str = "${pvc.namespace}";
+/// The member namespace when nothing else names one.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// The uuid of a volume id, from the CSI name: a CreateVolume retried after
+/// a crash lost its record (or on a rescheduled controller with an empty
+/// state dir) lands on the same id, and so on the member PVC the first
+/// attempt created, instead of leaking it and making a second.
+pub fn volume_uuid(driver_name: &str, name: &str) -> uuid::Uuid {
+    let per_driver = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_DNS, driver_name.as_bytes());
+    uuid::Uuid::new_v5(&per_driver, name.as_bytes())
+}
+
+/// Whether `memberNamespace` is acceptable before any host namespace is
+/// known (its `${pvc.namespace}` stood for by a one-letter name).
+pub fn check_namespace_template(template: &str) -> Result<(), String> {
+    if is_dns_label(&template.replace(HOST_NAMESPACE_VAR, "a")) {
+        Ok(())
+    } else {
+        Err(format!(
+            "memberNamespace {template:?} is not a valid namespace name (a DNS-1123 label, optionally using {HOST_NAMESPACE_VAR})"
+        ))
+    }
+}
+
+/// The namespace and name of a new volume's member PVC (see
+/// `VolumeParams::member_namespace` and `member_claim_name`).
+pub fn member_claim(params: &VolumeParams, uuid: &str) -> CsiResult<(String, String)> {
+    let bad = |what: String| CsiError::invalid("parameters", what);
+    if let Some(ns) = params.pvc_namespace.as_deref() {
+        if !is_dns_label(ns) {
+            return Err(bad(format!(
+                "csi.storage.k8s.io/pvc/namespace {ns:?} is not a valid namespace name"
+            )));
+        }
+    }
+    if let Some(name) = params.pvc_name.as_deref() {
+        if !is_dns_subdomain(name) {
+            return Err(bad(format!(
+                "csi.storage.k8s.io/pvc/name {name:?} is not a valid PersistentVolumeClaim name"
+            )));
+        }
+    }
+    let host_ns = params.pvc_namespace.as_deref();
+    let namespace = match (params.member_namespace.as_deref(), host_ns) {
+        (Some(t), _) if !t.contains(HOST_NAMESPACE_VAR) => t.to_string(),
+        (Some(t), Some(ns)) => t.replace(HOST_NAMESPACE_VAR, ns),
+        (Some(t), None) => {
+            return Err(bad(format!(
+                "memberNamespace {t:?} uses {HOST_NAMESPACE_VAR}, but the request carries no csi.storage.k8s.io/pvc/namespace (run external-provisioner with --extra-create-metadata)"
+            )))
+        }
+        (None, Some(ns)) => ns.to_string(),
+        (None, None) => DEFAULT_NAMESPACE.to_string(),
+    };
+    if !is_dns_label(&namespace) {
+        return Err(bad(format!(
+            "memberNamespace {:?} gives {namespace:?} for this claim, which is not a valid namespace name (at most 63 characters)",
+            params.member_namespace.as_deref().unwrap_or_default()
+        )));
+    }
+    let pvc = match (params.member_claim_name, params.pvc_name.as_deref()) {
+        (Some(ClaimNaming::Generated), _) | (_, None) => pvc_name(uuid),
+        (_, Some(host)) => host.to_string(),
+    };
+    Ok((namespace, pvc))
 }
 
 /// The member VolumeSnapshot of a snapshot id (`snap-<uuid>`).

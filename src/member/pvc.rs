@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 
 use crate::capability::{AccessMode, Capability};
 use crate::error::{CsiError, CsiResult};
@@ -123,11 +123,18 @@ pub async fn ensure(
     let name = pvc.metadata.name.clone().unwrap_or_default();
     let api = claims(cluster, &namespace);
     let what = format!("create PersistentVolumeClaim {namespace}/{name}");
-    if let Some(created) = cluster
-        .create(&what, api.create(&PostParams::default(), pvc))
+    match cluster
+        .create_or_missing(&what, api.create(&PostParams::default(), pvc))
         .await?
     {
-        return Ok(created);
+        Ok(Some(created)) => return Ok(created),
+        Ok(None) => {}
+        Err(why) => {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{}: namespace {namespace:?} of PersistentVolumeClaim {name} does not exist ({why}); create it there, or set the StorageClass parameter createMemberNamespace: \"true\"",
+                cluster.label()
+            )))
+        }
     }
     // Already there: ours from an earlier attempt, or someone else's.
     let existing = get(cluster, &namespace, &name).await?.ok_or_else(|| {
@@ -136,16 +143,12 @@ pub async fn ensure(
             cluster.label()
         ))
     })?;
-    let owner = existing
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(naming::VOLUME_ID_ANNOTATION));
-    if owner.map(String::as_str) != Some(volume_id) {
-        return Err(CsiError::FailedPrecondition(format!(
-            "{}: PersistentVolumeClaim {namespace}/{name} exists but does not belong to volume {volume_id} (its {} is {owner:?})",
+    if !belongs_to(&existing, volume_id) {
+        return Err(CsiError::AlreadyExists(format!(
+            "{}: a PersistentVolumeClaim {namespace}/{name} that csi-relay did not create for volume {volume_id} already holds that name (its {} is {:?}); the relay never adopts or changes it: delete or rename it, or set the StorageClass parameter memberClaimName: generated",
             cluster.label(),
-            naming::VOLUME_ID_ANNOTATION
+            naming::VOLUME_ID_ANNOTATION,
+            annotation(&existing, naming::VOLUME_ID_ANNOTATION)
         )));
     }
     if existing.metadata.deletion_timestamp.is_some() {
@@ -170,14 +173,67 @@ pub async fn get(
         .await
 }
 
-/// Deletes the member PVC; already gone is success.
-pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult<()> {
-    cluster
+/// Whether the relay made `pvc` for this volume. Only then does it read,
+/// change, mount or delete it: a record (rebuilt from an editable
+/// RelayVolume, or one whose claim a mirroring system replaced) only says
+/// where to look.
+pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
+    annotation(pvc, naming::VOLUME_ID_ANNOTATION) == Some(volume_id)
+}
+
+/// The volume's member PVC: `None` when no claim holds its name, and
+/// FAILED_PRECONDITION when one does that is not the relay's for it.
+pub async fn owned(
+    cluster: &Cluster,
+    at: &MemberVolume,
+    volume_id: &str,
+) -> CsiResult<Option<PersistentVolumeClaim>> {
+    let Some(claim) = get(cluster, &at.namespace, &at.pvc).await? else {
+        return Ok(None);
+    };
+    if !belongs_to(&claim, volume_id) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{}: PersistentVolumeClaim {} is not the one csi-relay created for volume {volume_id} (its {} is {:?}); the relay does not touch it",
+            cluster.label(),
+            at.pvc_path(),
+            naming::VOLUME_ID_ANNOTATION,
+            annotation(&claim, naming::VOLUME_ID_ANNOTATION)
+        )));
+    }
+    Ok(Some(claim))
+}
+
+/// Deletes the volume's member PVC. Already gone is success, and so is a
+/// claim of that name that is not the relay's (a mirroring system deleted
+/// ours and made its own): it is left alone. The delete is conditional on
+/// the uid read, so a claim replaced in between is not deleted either.
+pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> CsiResult<()> {
+    let (namespace, name) = (&at.namespace, &at.pvc);
+    let Some(claim) = get(cluster, namespace, name).await? else {
+        return Ok(());
+    };
+    if !belongs_to(&claim, volume_id) {
+        tracing::warn!(member = %cluster.name(), pvc = %at.pvc_path(), volume_id, "member PVC of that name is not the relay's; left alone");
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: claim.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match cluster
         .remove(
             &format!("delete PersistentVolumeClaim {namespace}/{name}"),
-            claims(cluster, namespace).delete(name, &DeleteParams::background()),
+            claims(cluster, namespace).delete(name, &params),
         )
         .await
+    {
+        // 409: the uid changed, so ours is gone and another holds the name.
+        Err(CsiError::Aborted(_)) | Ok(()) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 pub async fn get_pv(cluster: &Cluster, name: &str) -> CsiResult<Option<PersistentVolume>> {

@@ -433,7 +433,7 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
 /// dropped here and derived again from the member's PersistentVolume by the
 /// next ControllerPublishVolume.
 pub fn untrusted(mut vol: Volume) -> Result<Volume, String> {
-    let Some((member, uuid)) = naming::parse_volume_id(&vol.id) else {
+    let Some((member, _)) = naming::parse_volume_id(&vol.id) else {
         return Err(format!("{:?} is not a member volume id", vol.id));
     };
     let Backing::Member {
@@ -450,11 +450,11 @@ pub fn untrusted(mut vol: Volume) -> Result<Volume, String> {
             "its member {backing_member:?} is not the one its id names ({member:?})"
         ));
     }
-    if *pvc != naming::pvc_name(uuid) {
-        return Err(format!(
-            "its member claim {pvc:?} is not the one its id names ({:?})",
-            naming::pvc_name(uuid)
-        ));
+    // The claim may be named after the host PVC; whatever the record says,
+    // the member backend acts only on a claim that carries this volume's
+    // id (`pvc::owned`), so a forged name reaches nothing else.
+    if !naming::is_dns_subdomain(pvc) {
+        return Err(format!("its member claim {pvc:?} is not a valid name"));
     }
     if !naming::is_dns_label(namespace) {
         return Err(format!("namespace {namespace:?} is not a DNS label"));
