@@ -12,12 +12,13 @@ use crate::store::{Store, StoreResult};
 use crate::volume::Volume;
 
 /// Told about every committed volume change, after the commit (for example
-/// to mirror volume state into a Kubernetes custom resource). Failures are
-/// the observer's to log: the store is the source of truth.
+/// to mirror volume state into a Kubernetes custom resource). Each returns
+/// whether the change landed; failures are the observer's to log, and a
+/// queue in front of it (`ObserverQueue`) delivers it again later.
 #[tonic::async_trait]
 pub trait VolumeObserver: Send + Sync + 'static {
-    async fn changed(&self, vol: &Volume);
-    async fn removed(&self, vol: &Volume);
+    async fn changed(&self, vol: &Volume) -> bool;
+    async fn removed(&self, vol: &Volume) -> bool;
 }
 
 #[derive(Clone)]
@@ -155,9 +156,10 @@ impl Driver {
         self.db(move |s| f(s, &record)).await?;
         for o in &self.observers {
             match kind {
+                // Observers behind a queue retry on their own.
                 Write::Put => o.changed(vol).await,
                 Write::Remove => o.removed(vol).await,
-            }
+            };
         }
         Ok(())
     }

@@ -124,9 +124,36 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
             tracing::info!(restored, "volume records rebuilt from RelayVolumes");
         }
         let role = Role::for_mode(args.mode, &args.node_id);
+        let mut observer = RelayVolumeObserver::new(host.clone(), role);
+        let mut start_summary = None;
+        if args.mode.controller() {
+            let watches =
+                crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
+                    .await
+                    .map_err(StartError::Config)?;
+            let (view, start) = crate::member::relay_summary::watch(watches);
+            observer = observer.with_view(view);
+            start_summary = Some(start);
+            // Pods on virtual nodes run in the members: their state comes
+            // from there.
+            for m in &args.members {
+                let client = crate::member::config::connect_member_for_watches(m)
+                    .await
+                    .map_err(StartError::Config)?;
+                crate::member::observation::spawn(
+                    m.name.clone(),
+                    client,
+                    host.clone()
+                        .with_timeout(crate::member::relay_volume::OBSERVER_TIMEOUT),
+                );
+            }
+        }
         driver = driver.with_observer(Arc::new(crate::observer_queue::ObserverQueue::spawn(
-            Arc::new(RelayVolumeObserver::new(host, role)),
+            Arc::new(observer),
         )));
+        if let Some(start) = start_summary {
+            start(driver.clone());
+        }
     }
     Ok(driver)
 }

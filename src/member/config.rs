@@ -85,6 +85,16 @@ fn client(config: kube::Config, what: &str) -> Result<kube::Client, String> {
 }
 
 /// A client for member cluster `arg.name`.
+/// A member-cluster client for the watches of member-side observation.
+pub async fn connect_member_for_watches(arg: &MemberArg) -> Result<kube::Client, String> {
+    let config = from_kubeconfig(&arg.kubeconfig)
+        .await
+        .map_err(|e| format!("member {}: {e}", arg.name))?;
+    let mut config = bounded(config);
+    config.read_timeout = Some(WATCH_READ_TIMEOUT);
+    kube::Client::try_from(config).map_err(|e| format!("member {} (watches): {e}", arg.name))
+}
+
 pub async fn connect_member(arg: &MemberArg) -> Result<Cluster, String> {
     let config = from_kubeconfig(&arg.kubeconfig)
         .await

@@ -23,7 +23,7 @@ use crate::error::{CsiError, CsiResult};
 use crate::member::cluster::Cluster;
 use crate::member::naming::{self, MemberVolume};
 use crate::member::FIELD_MANAGER;
-use crate::volume::{Backing, Lifecycle, NodeRecord, Volume};
+use crate::volume::{Backing, Lifecycle, NodeRecord, Phase, Volume};
 
 pub const GROUP: &str = "relay.csi.dev";
 pub const VERSION: &str = "v1alpha1";
@@ -90,7 +90,15 @@ pub struct RelayVolumeStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RelayNodeStatus {
+    /// A host node, or `<member>/<member node>` for what the member
+    /// cluster reports (pods that run there).
     pub node: String,
+    /// The member cluster, for member-node entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    /// namespace/name of the member pods using the volume on that node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<Vec<String>>,
     /// ControllerPublishVolume done (NODE_READY), written by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attached: Option<bool>,
@@ -225,8 +233,61 @@ impl Role {
     }
 }
 
-/// The status this writer owns for `vol`.
-pub fn status_of(vol: &Volume, role: &Role) -> RelayVolumeStatus {
+fn parse_phase(s: &str) -> Option<Phase> {
+    [
+        Phase::Created,
+        Phase::NodeReady,
+        Phase::VolReady,
+        Phase::Published,
+    ]
+    .into_iter()
+    .find(|p| p.as_str() == s)
+}
+
+/// How far one `status.nodes` entry (of any writer) has got.
+fn entry_phase(e: &RelayNodeStatus) -> Option<Phase> {
+    e.phase
+        .as_deref()
+        .and_then(parse_phase)
+        .or((e.attached == Some(true)).then_some(Phase::NodeReady))
+}
+
+/// The overall phase and node summary of `vol`: the furthest state of any
+/// node, from the controller's own record and from every entry the object
+/// holds (node plugins' and the member clusters' alike).
+pub fn summary(vol: &Volume, seen: Option<&RelayVolumeStatus>) -> (String, String) {
+    let mut phases: BTreeMap<String, Phase> = vol
+        .nodes
+        .iter()
+        .filter(|(_, n)| !n.is_empty())
+        .map(|(id, n)| (id.clone(), n.phase()))
+        .collect();
+    for e in seen.and_then(|s| s.nodes.as_ref()).into_iter().flatten() {
+        if let Some(p) = entry_phase(e) {
+            let slot = phases.entry(e.node.clone()).or_insert(p);
+            *slot = (*slot).max(p);
+        }
+    }
+    let phase = match vol.lifecycle {
+        Lifecycle::Ready => phases
+            .values()
+            .copied()
+            .fold(vol.phase(), Phase::max)
+            .as_str()
+            .to_string(),
+        _ => overall_phase(vol),
+    };
+    let nodes = phases
+        .iter()
+        .map(|(id, p)| format!("{id}={}", p.as_str()))
+        .collect::<Vec<_>>()
+        .join(",");
+    (phase, nodes)
+}
+
+/// The status this writer owns for `vol`; `seen` is the object as last
+/// watched (the controller folds every writer's entries into its phase).
+pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) -> RelayVolumeStatus {
     match role {
         Role::Controller { with_node_state } => {
             let nodes = vol
@@ -247,15 +308,9 @@ pub fn status_of(vol: &Volume, role: &Role) -> RelayVolumeStatus {
                     s
                 })
                 .collect::<Vec<_>>();
-            let summary = vol
-                .nodes
-                .iter()
-                .filter(|(_, n)| !n.is_empty())
-                .map(|(id, n)| format!("{id}={}", n.phase().as_str()))
-                .collect::<Vec<_>>()
-                .join(",");
+            let (phase, summary) = summary(vol, seen);
             RelayVolumeStatus {
-                phase: Some(overall_phase(vol)),
+                phase: Some(phase),
                 node_summary: Some(summary),
                 nodes: Some(nodes),
             }
@@ -291,6 +346,8 @@ fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_json::
 pub struct RelayVolumeObserver {
     host: Cluster,
     role: Role,
+    /// The RelayVolumes as watched (controller): every writer's entries.
+    view: Option<kube::runtime::reflector::Store<RelayVolume>>,
 }
 
 impl RelayVolumeObserver {
@@ -298,15 +355,30 @@ impl RelayVolumeObserver {
         RelayVolumeObserver {
             host: host.with_timeout(OBSERVER_TIMEOUT),
             role,
+            view: None,
         }
+    }
+
+    /// Folds the watched objects' entries into the phase it writes.
+    pub fn with_view(mut self, view: kube::runtime::reflector::Store<RelayVolume>) -> Self {
+        self.view = Some(view);
+        self
+    }
+
+    fn seen(&self, name: &str) -> Option<RelayVolumeStatus> {
+        let view = self.view.as_ref()?;
+        view.get(&kube::runtime::reflector::ObjectRef::new(name))?
+            .status
+            .clone()
     }
 
     fn api(&self) -> Api<RelayVolume> {
         Api::all(self.host.client())
     }
 
-    /// Applies this writer's view of `vol`.
-    pub async fn apply(&self, vol: &Volume) -> CsiResult<()> {
+    /// Applies this writer's view of `vol`. `Ok(false)`: a node's entry
+    /// found no object yet (the controller's first apply is on its way).
+    pub async fn apply(&self, vol: &Volume) -> CsiResult<bool> {
         let name = object_name(&vol.id);
         let params = PatchParams::apply(&self.role.field_manager()).force();
         if let Role::Controller { .. } = self.role {
@@ -319,16 +391,20 @@ impl RelayVolumeObserver {
                 )
                 .await?;
         }
-        let body = apply_body(&name, "status", encode(&status_of(vol, &self.role))?);
+        let seen = self.seen(&name);
+        let body = apply_body(
+            &name,
+            "status",
+            encode(&status_of(vol, &self.role, seen.as_ref()))?,
+        );
         let what = format!("apply RelayVolume {name} status");
         let api = self.api();
         let patch = Patch::Apply(&body);
         let call = api.patch_status(&name, &params, &patch);
         match self.role {
-            Role::Controller { .. } => self.host.run(&what, call).await.map(|_| ()),
-            // A node may get ahead of the controller's first apply; the
-            // next change catches up.
-            Role::Node { .. } => self.host.fetch(&what, call).await.map(|_| ()),
+            Role::Controller { .. } => self.host.run(&what, call).await.map(|_| true),
+            // A node may get ahead of the controller's first apply.
+            Role::Node { .. } => self.host.fetch(&what, call).await.map(|o| o.is_some()),
         }
     }
 
@@ -362,21 +438,29 @@ impl RelayVolumeObserver {
 
 #[tonic::async_trait]
 impl VolumeObserver for RelayVolumeObserver {
-    async fn changed(&self, vol: &Volume) {
+    async fn changed(&self, vol: &Volume) -> bool {
         if vol.ephemeral {
-            return;
+            return true;
         }
-        if let Err(e) = self.apply(vol).await {
-            tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not updated");
+        match self.apply(vol).await {
+            Ok(landed) => landed,
+            Err(e) => {
+                tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not updated; will retry");
+                false
+            }
         }
     }
 
-    async fn removed(&self, vol: &Volume) {
+    async fn removed(&self, vol: &Volume) -> bool {
         if vol.ephemeral {
-            return;
+            return true;
         }
-        if let Err(e) = self.remove(vol).await {
-            tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not removed");
+        match self.remove(vol).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not removed; will retry");
+                false
+            }
         }
     }
 }

@@ -102,7 +102,7 @@ async fn the_controller_applies_spec_and_status_as_csi_relay() {
         },
     );
     let vol = volume();
-    let ((), ()) = tokio::join!(observer.changed(&vol), async {
+    let (_, ()) = tokio::join!(observer.changed(&vol), async {
         let spec = api.expect("PATCH", &format!("{RV}/{VOL_ID}")).await;
         assert_eq!(spec.content_type, "application/apply-patch+yaml");
         assert!(
@@ -150,7 +150,7 @@ async fn the_controller_applies_spec_and_status_as_csi_relay() {
         api.expect_idle().await;
     });
 
-    let ((), ()) = tokio::join!(observer.removed(&vol), async {
+    let (_, ()) = tokio::join!(observer.removed(&vol), async {
         api.expect("DELETE", &format!("{RV}/{VOL_ID}"))
             .await
             .not_found();
@@ -167,7 +167,7 @@ async fn a_node_plugin_applies_only_its_own_entry() {
         },
     );
     let vol = volume();
-    let ((), ()) = tokio::join!(observer.changed(&vol), async {
+    let (_, ()) = tokio::join!(observer.changed(&vol), async {
         let status = api.expect("PATCH", &format!("{RV}/{VOL_ID}/status")).await;
         assert!(
             status
@@ -187,7 +187,7 @@ async fn a_node_plugin_applies_only_its_own_entry() {
         api.expect_idle().await;
     });
     // Its entry goes when the node forgets the volume.
-    let ((), ()) = tokio::join!(observer.removed(&vol), async {
+    let (_, ()) = tokio::join!(observer.removed(&vol), async {
         let status = api.expect("PATCH", &format!("{RV}/{VOL_ID}/status")).await;
         assert_eq!(status.body["status"], json!({"nodes": []}));
         echo(status);
@@ -200,12 +200,12 @@ async fn standalone_writes_node_state_too_and_an_unreachable_host_costs_a_bounde
     let observer =
         RelayVolumeObserver::new(host, Role::for_mode(crate::config::Mode::All, "worker-1"));
     let vol = volume();
-    let status = status_of(&vol, &Role::for_mode(crate::config::Mode::All, "x"));
+    let status = status_of(&vol, &Role::for_mode(crate::config::Mode::All, "x"), None);
     let nodes = status.nodes.unwrap_or_default();
     assert_eq!(nodes[0].phase.as_deref(), Some("PUBLISHED"));
     assert_eq!(nodes[0].attached, Some(true));
     let started = tokio::time::Instant::now();
-    let ((), _pending) = tokio::join!(observer.changed(&vol), async {
+    let (_, _pending) = tokio::join!(observer.changed(&vol), async {
         api.expect("PATCH", &format!("{RV}/{VOL_ID}")).await.hang()
     });
     assert_eq!(started.elapsed(), OBSERVER_TIMEOUT);
@@ -382,4 +382,63 @@ fn an_edited_relay_volume_cannot_point_nodes_elsewhere() {
     let mut odd = v.clone();
     odd.id = "vol-local".into();
     assert!(untrusted(odd).is_err());
+}
+
+// Split deployment and virtual nodes: the controller's record only knows
+// attachments; PHASE and NODES fold in every other writer's entries.
+#[test]
+fn the_summary_is_the_furthest_state_any_writer_reported() {
+    let mut vol = volume();
+    let controller_view = controller_record(&vol);
+    vol.nodes = controller_view.nodes;
+    let ctrl = Role::for_mode(crate::config::Mode::Controller, "c");
+    let own = status_of(&vol, &ctrl, None);
+    assert_eq!(own.phase.as_deref(), Some("NODE_READY"));
+    let seen = RelayVolumeStatus {
+        nodes: Some(vec![
+            RelayNodeStatus {
+                node: "worker-1".into(),
+                attached: Some(true),
+                phase: Some("PUBLISHED".into()),
+                ..Default::default()
+            },
+            RelayNodeStatus {
+                node: "east/member-node-1".into(),
+                member: Some("east".into()),
+                phase: Some("VOL_READY".into()),
+                pods: Some(vec!["shop/web-0".into()]),
+                ..Default::default()
+            },
+            // Garbage from an editor is ignored, not trusted.
+            RelayNodeStatus {
+                node: "x".into(),
+                phase: Some("EXPLODED".into()),
+                ..Default::default()
+            },
+        ]),
+        ..Default::default()
+    };
+    let folded = status_of(&vol, &ctrl, Some(&seen));
+    assert_eq!(folded.phase.as_deref(), Some("PUBLISHED"));
+    assert_eq!(
+        folded.node_summary.as_deref(),
+        Some("east/member-node-1=VOL_READY,worker-1=PUBLISHED")
+    );
+    // The controller writes only its own entry fields.
+    let entries = folded.nodes.unwrap_or_default();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].phase, None);
+    // A virtual-node volume: nothing but the member reports.
+    vol.nodes.clear();
+    let only_member = RelayVolumeStatus {
+        nodes: Some(vec![RelayNodeStatus {
+            node: "east/member-node-1".into(),
+            phase: Some("PUBLISHED".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    assert_eq!(summary(&vol, Some(&only_member)).0, "PUBLISHED");
+    vol.lifecycle = Lifecycle::Deleting;
+    assert_eq!(summary(&vol, Some(&only_member)).0, "DELETING");
 }

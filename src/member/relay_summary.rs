@@ -1,0 +1,59 @@
+//! Keeps each RelayVolume's PHASE and NODES the furthest state of any
+//! node, whoever reported it. Node plugins (split deployment) and member
+//! clusters (pods on virtual nodes) write their own `status.nodes` entries;
+//! only the controller writes the summary. It watches the objects, and when
+//! one's summary lags its entries it re-applies its view of the volume,
+//! which folds them in (`relay_volume::summary`).
+
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+
+use crate::driver::Driver;
+use crate::member::naming;
+use crate::member::relay_volume::{summary, RelayVolume};
+
+/// Starts watching RelayVolumes through `watch_client`; returns the view
+/// the controller's observer reads entries from.
+pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Driver)) {
+    let (reader, writer) = reflector::store();
+    let config =
+        watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
+    let stream = reflector::reflector(
+        writer,
+        watcher(Api::<RelayVolume>::all(watch_client), config).default_backoff(),
+    );
+    let start = move |driver: Driver| {
+        tokio::spawn(async move {
+            use tokio_stream::StreamExt;
+            let mut stream = Box::pin(stream.applied_objects());
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(obj) => catch_up(&driver, &obj).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "RelayVolume watch interrupted; resuming")
+                    }
+                }
+            }
+        });
+    };
+    (reader, start)
+}
+
+/// Re-applies the controller's view when the object's summary lags.
+async fn catch_up(driver: &Driver, obj: &RelayVolume) {
+    let id = obj.spec.volume_id.clone();
+    let Ok(Some(vol)) = driver.find_volume(&id).await else {
+        return;
+    };
+    let (phase, nodes) = summary(&vol, obj.status.as_ref());
+    let current = obj.status.as_ref();
+    let lags = current.and_then(|s| s.phase.as_deref()) != Some(phase.as_str())
+        || current.and_then(|s| s.node_summary.as_deref()) != Some(nodes.as_str());
+    if lags {
+        tracing::debug!(volume_id = %id, phase, nodes, "RelayVolume summary catches up with its entries");
+        for o in &driver.observers {
+            o.changed(&vol).await;
+        }
+    }
+}
