@@ -11,64 +11,19 @@
 //! the RelayVolume phases, the mount, and that deletion leaves nothing behind.
 
 mod common;
+mod e2e_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::req::snw;
 use csi_relay::csi;
 use csi_relay::member::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, CustomResourceExt};
 use tonic::Code;
 
-struct Env {
-    host_kubeconfig: String,
-    member_kubeconfig: String,
-    storage_class: String,
-    namespace: String,
-    /// The member CSI driver's node plugin socket on this machine and the
-    /// driver's name, when its volumes are staged through it.
-    member_plugin: Option<(String, String)>,
-}
-
-fn env() -> Option<Env> {
-    Some(Env {
-        host_kubeconfig: std::env::var("RELAY_E2E_HOST_KUBECONFIG").ok()?,
-        member_kubeconfig: std::env::var("RELAY_E2E_MEMBER_KUBECONFIG").ok()?,
-        storage_class: std::env::var("RELAY_E2E_MEMBER_STORAGE_CLASS").ok()?,
-        namespace: std::env::var("RELAY_E2E_MEMBER_NAMESPACE").unwrap_or_else(|_| "default".into()),
-        member_plugin: std::env::var("RELAY_E2E_MEMBER_CSI_DRIVER")
-            .ok()
-            .zip(std::env::var("RELAY_E2E_MEMBER_PLUGIN_SOCK").ok()),
-    })
-}
-
-async fn client(path: &str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(path).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig");
-    Client::try_from(config).expect("client")
-}
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-}
+use e2e_support::{client, env, eventually};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_volume_lifecycle_on_real_clusters() {
@@ -80,14 +35,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     let member = client(&env.member_kubeconfig).await;
 
     // The CRD, as deploy/relayvolume-crd.yaml carries it.
-    let crds: Api<CustomResourceDefinition> = Api::all(host.clone());
-    crds.patch(
-        "relayvolumes.relay.csi.dev",
-        &PatchParams::apply("csi-relay-e2e").force(),
-        &Patch::Apply(RelayVolume::crd()),
-    )
-    .await
-    .expect("install RelayVolume CRD");
+    e2e_support::install_crd(&host).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     // Map a host node to a ready member node.
@@ -414,12 +362,23 @@ async fn member_volume_lifecycle_on_real_clusters() {
         },
     )
     .await;
-    c.delete_volume(csi::DeleteVolumeRequest {
-        volume_id: vol.volume_id.clone(),
-        ..Default::default()
+    // As the provisioner does: ABORTED (housekeeping is busy with the
+    // volume) is retried.
+    eventually("DeleteVolume", Duration::from_secs(30), || {
+        let mut c = d.controller();
+        let req = csi::DeleteVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            ..Default::default()
+        };
+        async move {
+            match c.delete_volume(req).await {
+                Ok(_) => Some(()),
+                Err(s) if s.code() == Code::Aborted => None,
+                Err(s) => panic!("DeleteVolume: {s:?}"),
+            }
+        }
     })
-    .await
-    .unwrap();
+    .await;
     eventually("member PVC deletion", Duration::from_secs(120), || {
         let pvcs = pvcs.clone();
         let name = pvc_name.clone();

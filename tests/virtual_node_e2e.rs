@@ -18,19 +18,19 @@
 //! prints "skipped".
 
 mod common;
+mod e2e_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use csi_relay::member::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, CustomResourceExt};
 use serde_json::json;
+
+use e2e_support::{client, eventually, phase as rv_phase};
 
 const DRIVER: &str = "relay.csi.dev";
 
@@ -43,36 +43,14 @@ struct Env {
 }
 
 fn env() -> Option<Env> {
+    let shared = e2e_support::env()?;
     Some(Env {
-        host_kubeconfig: std::env::var("RELAY_E2E_HOST_KUBECONFIG").ok()?,
-        member_kubeconfig: std::env::var("RELAY_E2E_MEMBER_KUBECONFIG").ok()?,
-        storage_class: std::env::var("RELAY_E2E_MEMBER_STORAGE_CLASS").ok()?,
+        host_kubeconfig: shared.host_kubeconfig,
+        member_kubeconfig: shared.member_kubeconfig,
+        storage_class: shared.storage_class,
         virtual_node: std::env::var("RELAY_E2E_VIRTUAL_NODE").ok()?,
         sidecars: PathBuf::from(std::env::var("RELAY_E2E_SIDECARS").ok()?),
     })
-}
-
-async fn client(path: &str) -> Client {
-    let kubeconfig = Kubeconfig::read_from(path).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("kubeconfig");
-    Client::try_from(config).expect("client")
-}
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// A sidecar process, stopped (by PID) when dropped.
@@ -99,10 +77,6 @@ impl Drop for Sidecar {
     }
 }
 
-fn rv_phase(rv: &RelayVolume) -> Option<String> {
-    rv.status.as_ref().and_then(|s| s.phase.clone())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
     let Some(env) = env() else {
@@ -116,14 +90,7 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
     let claim = "data";
 
     // Host: the RelayVolume CRD and CSIDriver, as deploy/ installs them.
-    Api::<CustomResourceDefinition>::all(host.clone())
-        .patch(
-            "relayvolumes.relay.csi.dev",
-            &PatchParams::apply("csi-relay-e2e").force(),
-            &Patch::Apply(RelayVolume::crd()),
-        )
-        .await
-        .expect("install RelayVolume CRD");
+    e2e_support::install_crd(&host).await;
     let csidriver: serde_json::Value = serde_json::from_str(&format!(
         r#"{{"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {{"name": "{DRIVER}"}},
             "spec": {{"attachRequired": true, "podInfoOnMount": true}}}}"#

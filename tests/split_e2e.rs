@@ -1,0 +1,210 @@
+//! The host-node flow with controller and node plugins in separate
+//! processes, as deploy/ runs them (`--mode controller`, `--mode node`), on
+//! real control planes: `kubectl get relayvolumes` must walk CREATED →
+//! NODE_READY → VOL_READY → PUBLISHED and back, although each process only
+//! knows its half. Skipped unless RELAY_E2E_* are set (see member_e2e.rs).
+
+mod common;
+mod e2e_support;
+
+use std::time::Duration;
+
+use common::req::snw;
+use csi_relay::csi;
+use csi_relay::member::relay_volume::object_name;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use tonic::Code;
+
+use e2e_support::{client, env, eventually, wait_phase};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_controller_and_node_walk_every_phase_and_back() {
+    let Some(env) = env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let Some((member_driver, member_sock)) = env.member_plugin.clone() else {
+        common::skip("no member node plugin: set RELAY_E2E_MEMBER_CSI_DRIVER and RELAY_E2E_MEMBER_PLUGIN_SOCK");
+        return;
+    };
+    let host = client(&env.host_kubeconfig).await;
+    let member = client(&env.member_kubeconfig).await;
+    e2e_support::install_crd(&host).await;
+
+    let member_node = Api::<Node>::all(member.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list member nodes")
+        .items[0]
+        .metadata
+        .name
+        .clone()
+        .expect("member node name");
+    let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
+    let host_nodes: Api<Node> = Api::all(host.clone());
+    let labels = serde_json::json!({"metadata": {"labels": {
+        "topology.relay.csi.dev/member": "e2e",
+        "topology.relay.csi.dev/member-node": member_node,
+    }}});
+    host_nodes
+        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .expect("label host node");
+
+    let member_arg = format!("e2e={}", env.member_kubeconfig);
+    let controller = common::Driver::start_as(
+        "controller",
+        &[
+            "--mode",
+            "controller",
+            "--backend",
+            "member",
+            "--member",
+            &member_arg,
+            "--host-kubeconfig",
+            &env.host_kubeconfig,
+        ],
+    )
+    .await;
+    // The node plugin: no member kubeconfig, only the host (RelayVolumes)
+    // and the member driver's node plugin socket in kubelet's plugins dir.
+    let plugins = tempfile::tempdir().expect("plugins dir");
+    std::fs::create_dir_all(plugins.path().join(&member_driver)).unwrap();
+    std::os::unix::fs::symlink(
+        &member_sock,
+        plugins.path().join(&member_driver).join("csi.sock"),
+    )
+    .unwrap();
+    let plugins_dir = plugins.path().to_string_lossy().into_owned();
+    let node = common::Driver::start_as(
+        &host_node,
+        &[
+            "--mode",
+            "node",
+            "--backend",
+            "member",
+            "--host-kubeconfig",
+            &env.host_kubeconfig,
+            "--plugins-dir",
+            &plugins_dir,
+            "--node-member",
+            "e2e",
+        ],
+    )
+    .await;
+
+    let mut c = controller.controller();
+    let mut req = common::req::create(&format!("split-{}", std::process::id()), 1 << 24, snw());
+    req.parameters = [
+        ("member".to_string(), "e2e".to_string()),
+        ("memberStorageClass".to_string(), env.storage_class.clone()),
+        ("memberNamespace".to_string(), env.namespace.clone()),
+    ]
+    .into();
+    let vol = c
+        .create_volume(req)
+        .await
+        .expect("CreateVolume")
+        .into_inner()
+        .volume
+        .unwrap();
+    let rv = object_name(&vol.volume_id);
+    wait_phase(&host, &rv, "CREATED").await;
+
+    let published = eventually(
+        "the member PVC to bind and ControllerPublish to succeed",
+        Duration::from_secs(120),
+        || {
+            let mut c = controller.controller();
+            let req = csi::ControllerPublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: host_node.clone(),
+                volume_capability: Some(snw()),
+                volume_context: vol.volume_context.clone(),
+                ..Default::default()
+            };
+            async move {
+                match c.controller_publish_volume(req).await {
+                    Ok(r) => Some(r.into_inner()),
+                    Err(s) if s.code() == Code::Unavailable || s.code() == Code::Aborted => None,
+                    Err(s) => panic!("ControllerPublishVolume: {s:?}"),
+                }
+            }
+        },
+    )
+    .await;
+    wait_phase(&host, &rv, "NODE_READY").await;
+
+    let staging = node.path("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let target = node.path("target");
+    let mut n = node.node();
+    n.node_stage_volume(csi::NodeStageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        publish_context: published.publish_context.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        volume_capability: Some(snw()),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("NodeStageVolume in the node process");
+    wait_phase(&host, &rv, "VOL_READY").await;
+    n.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        publish_context: published.publish_context.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+        target_path: target.to_string_lossy().into(),
+        volume_capability: Some(snw()),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("NodePublishVolume");
+    std::fs::write(target.join("hello"), b"split").expect("the mount is writable");
+    wait_phase(&host, &rv, "PUBLISHED").await;
+
+    // And back.
+    n.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        target_path: target.to_string_lossy().into(),
+    })
+    .await
+    .expect("NodeUnpublishVolume");
+    wait_phase(&host, &rv, "VOL_READY").await;
+    n.node_unstage_volume(csi::NodeUnstageVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        staging_target_path: staging.to_string_lossy().into(),
+    })
+    .await
+    .expect("NodeUnstageVolume");
+    wait_phase(&host, &rv, "NODE_READY").await;
+    c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: host_node.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("ControllerUnpublishVolume");
+    wait_phase(&host, &rv, "CREATED").await;
+    c.delete_volume(csi::DeleteVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        ..Default::default()
+    })
+    .await
+    .expect("DeleteVolume");
+    let relay: Api<csi_relay::member::relay_volume::RelayVolume> = Api::all(host.clone());
+    eventually("RelayVolume removal", Duration::from_secs(30), || {
+        let (relay, rv) = (relay.clone(), rv.clone());
+        async move { relay.get_opt(&rv).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let unlabel = serde_json::json!({"metadata": {"labels": {
+        "topology.relay.csi.dev/member": null,
+        "topology.relay.csi.dev/member-node": null,
+    }}});
+    let _ = host_nodes
+        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await;
+}
