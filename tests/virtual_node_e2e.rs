@@ -28,6 +28,7 @@ use csi_relay::member::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
 use serde_json::json;
 
 use e2e_support::{client, eventually, phase as rv_phase};
@@ -85,9 +86,6 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
     };
     let host = client(&env.host_kubeconfig).await;
     let member = client(&env.member_kubeconfig).await;
-    let run = std::process::id();
-    let ns = format!("vn-{run}");
-    let claim = "data";
 
     // Host: the RelayVolume CRD and CSIDriver, as deploy/ installs them.
     e2e_support::install_crd(&host).await;
@@ -149,10 +147,33 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
         &d.path("csi-attacher.log"),
     );
 
+    // Whole-cluster mode, then one-member-node mode.
+    flow(
+        &env,
+        &host,
+        &member,
+        "cluster",
+        json!({"topology.relay.csi.dev/member": "e2e"}),
+    )
+    .await;
+    flow(
+        &env,
+        &host,
+        &member,
+        "node",
+        json!({"topology.relay.csi.dev/member": "e2e",
+               "topology.relay.csi.dev/member-node": "member-node-1"}),
+    )
+    .await;
+}
+
+async fn flow(env: &Env, host: &Client, member: &Client, mode: &str, labels: serde_json::Value) {
+    let ns = format!("vn-{}-{mode}", std::process::id());
+    let claim = "data";
     // The virtual node gets the member label after the registrar started;
     // its CSINode follows.
     let host_nodes: Api<Node> = Api::all(host.clone());
-    let label = json!({"metadata": {"labels": {"topology.relay.csi.dev/member": "e2e"}}});
+    let label = json!({"metadata": {"labels": labels}});
     host_nodes
         .patch(
             &env.virtual_node,
@@ -195,7 +216,7 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
         )
         .await
         .expect("host namespace");
-    let class_name = format!("relay-e2e-{run}");
+    let class_name = format!("relay-e2e-{}-{mode}", std::process::id());
     let class: StorageClass = serde_json::from_value(json!({
         "metadata": {"name": class_name},
         "provisioner": DRIVER,
@@ -541,7 +562,8 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
     let _ = Api::<Namespace>::all(member.clone())
         .delete(&ns, &DeleteParams::default())
         .await;
-    let unlabel = json!({"metadata": {"labels": {"topology.relay.csi.dev/member": null}}});
+    let unlabel = json!({"metadata": {"labels": {"topology.relay.csi.dev/member": null,
+                                                 "topology.relay.csi.dev/member-node": null}}});
     let _ = host_nodes
         .patch(
             &env.virtual_node,

@@ -526,12 +526,13 @@ impl Backend for MemberBackend {
                 "{label}: PersistentVolumeClaim {path} is being deleted"
             )));
         }
-        if place.virtual_node && place.member_node.is_none() {
-            // A virtual node for the whole member cluster: its pods run
-            // there, and the member's own attach/detach controller attaches
-            // the volume where the member pod lands (and its scheduler binds
-            // a WaitForFirstConsumer claim then). Nothing to attach here,
-            // and nothing for a node plugin to mount on the host.
+        if place.virtual_node {
+            // A virtual node (for the whole member cluster or one member
+            // node): its pods run in the member, whose own attach/detach
+            // controller attaches the volume where the member pod lands (and
+            // whose scheduler binds a WaitForFirstConsumer claim then).
+            // Nothing to attach here, and nothing for a node plugin to
+            // mount on the host; the member-side watch reports the rest.
             tracing::info!(volume_id = %vol.id, node_id, claim = %path, "virtual node: NODE_READY without a relay attachment");
             return Ok(BTreeMap::new());
         }

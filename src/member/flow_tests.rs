@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tonic::Code;
 
-use crate::config::{DriverConfig, Mode, TOPOLOGY_MEMBER_KEY};
+use crate::config::{DriverConfig, Mode, TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 use crate::controller::{provision, publish};
 use crate::csi;
 use crate::driver::Driver;
@@ -360,6 +360,18 @@ async fn housekeeping_collects_unwanted_member_attachments_but_not_under_a_pod()
 // attaches the volume where the member pod lands.
 #[tokio::test(start_paused = true)]
 async fn a_virtual_node_for_a_whole_member_cluster_needs_no_relay_attachment() {
+    virtual_node_publish(json!({TOPOLOGY_MEMBER_KEY: "east"})).await;
+}
+
+// The same for a virtual node that stands for one member node: the member
+// pod's own attachment is the member's business, not the relay's.
+#[tokio::test(start_paused = true)]
+async fn a_virtual_node_for_one_member_node_needs_no_relay_attachment_either() {
+    virtual_node_publish(json!({TOPOLOGY_MEMBER_KEY: "east", TOPOLOGY_MEMBER_NODE_KEY: "m-1"}))
+        .await;
+}
+
+async fn virtual_node_publish(labels: Value) {
     let tmp = tempfile::tempdir().unwrap();
     let (d, mut member, mut host) = driver(tmp.path());
     let (created, (), ()) = tokio::join!(
@@ -376,7 +388,7 @@ async fn a_virtual_node_for_a_whole_member_cluster_needs_no_relay_attachment() {
     let pvc = vol.volume_context["relay.csi.dev/member-pvc"].clone();
     let vnode = || {
         json!({"apiVersion": "v1", "kind": "Node",
-               "metadata": {"name": "vnode-east", "labels": {TOPOLOGY_MEMBER_KEY: "east"}},
+               "metadata": {"name": "vnode-east", "labels": labels.clone()},
                "spec": {"taints": [{"key": "kosmos.io/node", "value": "true", "effect": "NoSchedule"}]}})
     };
     let (published, (), ()) = tokio::join!(
@@ -390,10 +402,13 @@ async fn a_virtual_node_for_a_whole_member_cluster_needs_no_relay_attachment() {
             }
         ),
         async {
-            member
-                .expect("GET", "/api/v1/nodes/vnode-east")
-                .await
-                .not_found();
+            // A whole-cluster virtual node is looked up as a member node name.
+            if labels.get(TOPOLOGY_MEMBER_NODE_KEY).is_none() {
+                member
+                    .expect("GET", "/api/v1/nodes/vnode-east")
+                    .await
+                    .not_found();
+            }
             member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
                 json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                        "metadata": {"name": pvc, "namespace": "relay",
