@@ -149,6 +149,20 @@ pub struct ServeArgs {
     #[arg(long)]
     pub virtual_node_registrar: bool,
 
+    /// One controller at a time: hold a coordination.k8s.io Lease in the
+    /// host cluster before doing any controller work (RPCs, housekeeping,
+    /// registrar, member watches); a replica that loses it exits.
+    #[arg(long)]
+    pub leader_election: bool,
+
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "csi-relay")]
+    pub leader_election_namespace: String,
+
+    /// Seconds a Lease holder stays leader without renewing it.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=300))]
+    pub leader_election_lease_seconds: u64,
+
     /// Which nodes are virtual: `taint:KEY[=VALUE]:EFFECT` or `label:KEY=VALUE`.
     #[arg(long, value_name = "SELECTOR", default_value = crate::registrar::DEFAULT_SELECTOR)]
     pub virtual_node_selector: crate::registrar::NodeSelector,

@@ -35,6 +35,9 @@ pub struct Driver {
     /// False while the node's state is reconciled with the kernel after a
     /// start: Probe answers not ready and node calls UNAVAILABLE meanwhile.
     pub node_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// False while another replica holds the controller Lease
+    /// (`--leader-election`): controller calls answer UNAVAILABLE.
+    pub leading: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Driver {
@@ -47,6 +50,7 @@ impl Driver {
             observers: Vec::new(),
             plugins_dir: PathBuf::from(crate::node::member_plugin::DEFAULT_PLUGINS_DIR),
             node_ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            leading: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 
@@ -58,6 +62,18 @@ impl Driver {
     pub fn with_observer(mut self, observer: Arc<dyn VolumeObserver>) -> Self {
         self.observers.push(observer);
         self
+    }
+
+    /// UNAVAILABLE on a replica that stands by for the controller Lease.
+    pub fn require_leader(&self) -> CsiResult<()> {
+        if self.leading.load(std::sync::atomic::Ordering::Acquire) {
+            Ok(())
+        } else {
+            Err(CsiError::Unavailable(
+                "this csi-relay controller replica is standing by: another one holds the leader Lease; the sidecars of the leading replica call it"
+                    .into(),
+            ))
+        }
     }
 
     /// UNAVAILABLE while the node is being reconciled after a start.

@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod error;
 pub mod group_commit;
 pub mod housekeeping;
+pub mod leader;
 pub mod limiter;
 pub mod member;
 pub mod metrics_http;

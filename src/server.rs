@@ -1,7 +1,9 @@
 //! Start-up and shutdown: open the store, build the backend, reconcile the
 //! node, serve gRPC on the endpoint until SIGTERM/SIGINT, clean the socket.
 
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
@@ -63,8 +65,23 @@ fn valid_driver_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || b"-._".contains(c))
 }
 
-/// Builds the driver (store, backend, settings) from the command line.
+/// Controller work that only a leader may do, started once leading.
+pub type LeaderWork =
+    Box<dyn FnOnce(Driver) -> Pin<Box<dyn Future<Output = Result<(), StartError>> + Send>> + Send>;
+
+/// Builds the driver (store, backend, settings) from the command line, its
+/// controller work started at once.
 pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
+    let (driver, work) = build_parts(args).await?;
+    if let Some(work) = work {
+        work(driver.clone()).await?;
+    }
+    Ok(driver)
+}
+
+/// Like [`build`], also returning the controller work that waits for
+/// leadership (rebuild from RelayVolumes, member watches, the summary).
+pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>), StartError> {
     if !valid_driver_name(&args.driver_name) {
         return Err(StartError::Config(format!(
             "--driver-name {:?} must be 2-63 characters of [A-Za-z0-9.-_], starting and ending with a letter",
@@ -116,46 +133,51 @@ pub async fn build(args: &ServeArgs) -> Result<Driver, StartError> {
         csi_spec: args.csi_spec,
     };
     let mut driver = Driver::new(config, store, backend).with_plugins_dir(args.plugins_dir.clone());
+    let mut work: Option<LeaderWork> = None;
     if let Some(host) = host {
-        if args.mode.controller() {
-            // A controller that lost its state directory (an emptyDir in
-            // deploy/) gets its records back before it answers anything.
-            let restored = rebuild(&host, &driver).await?;
-            tracing::info!(restored, "volume records rebuilt from RelayVolumes");
-        }
         let role = Role::for_mode(args.mode, &args.node_id);
         let mut observer = RelayVolumeObserver::new(host.clone(), role);
-        let mut start_summary = None;
         if args.mode.controller() {
             let watches =
                 crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
                     .await
                     .map_err(StartError::Config)?;
-            let (view, start) = crate::member::relay_summary::watch(watches);
+            let (view, start_summary) = crate::member::relay_summary::watch(watches);
             observer = observer.with_view(view);
-            start_summary = Some(start);
-            // Pods on virtual nodes run in the members: their state comes
-            // from there.
+            let mut member_watches = Vec::new();
             for m in &args.members {
                 let client = crate::member::config::connect_member_for_watches(m)
                     .await
                     .map_err(StartError::Config)?;
-                crate::member::observation::spawn(
-                    m.name.clone(),
-                    client,
-                    host.clone()
-                        .with_timeout(crate::member::relay_volume::OBSERVER_TIMEOUT),
-                );
+                member_watches.push((m.name.clone(), client));
             }
+            work = Some(Box::new(move |driver: Driver| {
+                Box::pin(async move {
+                    // A controller that lost its state directory (an
+                    // emptyDir in deploy/) gets its records back before it
+                    // answers anything.
+                    let restored = rebuild(&host, &driver).await?;
+                    tracing::info!(restored, "volume records rebuilt from RelayVolumes");
+                    start_summary(driver);
+                    // Pods on virtual nodes run in the members: their
+                    // state comes from there.
+                    for (name, client) in member_watches {
+                        crate::member::observation::spawn(
+                            name,
+                            client,
+                            host.clone()
+                                .with_timeout(crate::member::relay_volume::OBSERVER_TIMEOUT),
+                        );
+                    }
+                    Ok(())
+                })
+            }));
         }
         driver = driver.with_observer(Arc::new(crate::observer_queue::ObserverQueue::spawn(
             Arc::new(observer),
         )));
-        if let Some(start) = start_summary {
-            start(driver.clone());
-        }
     }
-    Ok(driver)
+    Ok((driver, work))
 }
 
 /// The member backend's clusters, from `--member` and `--host-kubeconfig`.
@@ -225,11 +247,63 @@ async fn until_shutdown<E>(
     }
 }
 
+/// Housekeeping and the virtual-node registrar: controller work of the one
+/// controller (the leader, with `--leader-election`).
+async fn start_controller_background(
+    args: &ServeArgs,
+    driver: &Driver,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Result<(), StartError> {
+    if driver.config.mode.controller() {
+        crate::housekeeping::spawn(
+            driver.clone(),
+            std::time::Duration::from_secs(args.housekeeping_interval),
+        );
+    }
+    if args.virtual_node_registrar {
+        let host = connect_host(args.host_kubeconfig.as_deref())
+            .await
+            .map_err(StartError::Config)?;
+        let watches =
+            crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
+                .await
+                .map_err(StartError::Config)?;
+        let mut config = crate::registrar::RegistrarConfig::new(args.driver_name.clone());
+        config.selector = args.virtual_node_selector.clone();
+        config.member_label = args.virtual_node_member_label.clone();
+        // With one member cluster, every virtual node stands for it.
+        if let [only] = args.members.as_slice() {
+            config.default_member = Some(only.name.clone());
+        }
+        config
+            .validate()
+            .map_err(|e| StartError::Config(format!("virtual-node registrar: {e}")))?;
+        let until = stopping(stop);
+        tokio::spawn(async move {
+            if let Err(e) = crate::registrar::run_until(host.client(), watches, config, until).await
+            {
+                tracing::error!(error = %e, "virtual-node registrar stopped");
+            }
+        });
+    }
+    Ok(())
+}
+
 /// Serves until a shutdown signal arrives.
 pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
-    let driver = build(&args).await?;
-    if driver.config.mode.controller() {
-        crate::housekeeping::promote_created(&driver).await?;
+    let (driver, mut work) = build_parts(&args).await?;
+    let election = args.leader_election && driver.config.mode.controller();
+    if election {
+        driver
+            .leading
+            .store(false, std::sync::atomic::Ordering::Release);
+    } else {
+        if let Some(work) = work.take() {
+            work(driver.clone()).await?;
+        }
+        if driver.config.mode.controller() {
+            crate::housekeeping::promote_created(&driver).await?;
+        }
     }
     if driver.config.mode.node() {
         // Probe is served at once (not ready); node calls wait for this.
@@ -284,42 +358,45 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         }
         None => None,
     };
-    if driver.config.mode.controller() {
-        crate::housekeeping::spawn(
-            driver.clone(),
-            std::time::Duration::from_secs(args.housekeeping_interval),
-        );
-    }
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     });
-    if args.virtual_node_registrar {
-        let host = connect_host(args.host_kubeconfig.as_deref())
+    let lease: Arc<tokio::sync::Mutex<Option<crate::leader::LeaseHold>>> = Arc::default();
+    if election {
+        let client = connect_host(args.host_kubeconfig.as_deref())
             .await
-            .map_err(StartError::Config)?;
-        let watches =
-            crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
-                .await
-                .map_err(StartError::Config)?;
-        let mut config = crate::registrar::RegistrarConfig::new(args.driver_name.clone());
-        config.selector = args.virtual_node_selector.clone();
-        config.member_label = args.virtual_node_member_label.clone();
-        // With one member cluster, every virtual node stands for it.
-        if let [only] = args.members.as_slice() {
-            config.default_member = Some(only.name.clone());
-        }
-        config
-            .validate()
-            .map_err(|e| StartError::Config(format!("virtual-node registrar: {e}")))?;
-        let until = stopping(&stop);
+            .map_err(StartError::Config)?
+            .client();
+        let (d, args, stop, lease) = (driver.clone(), args.clone(), stop.clone(), lease.clone());
         tokio::spawn(async move {
-            if let Err(e) = crate::registrar::run_until(host.client(), watches, config, until).await
-            {
-                tracing::error!(error = %e, "virtual-node registrar stopped");
+            let led = crate::leader::lead(
+                client,
+                &d.config.driver_name,
+                &d.config.node_id,
+                &args.leader_election_namespace,
+                args.leader_election_lease_seconds,
+            )
+            .await;
+            let started = async {
+                *lease.lock().await = Some(led.map_err(StartError::Config)?);
+                if let Some(work) = work {
+                    work(d.clone()).await?;
+                }
+                crate::housekeeping::promote_created(&d).await?;
+                start_controller_background(&args, &d, &stop).await?;
+                d.leading.store(true, std::sync::atomic::Ordering::Release);
+                tracing::info!("leading: controller calls are served");
+                Ok::<(), StartError>(())
+            };
+            if let Err(e) = started.await {
+                tracing::error!(error = %e, "cannot take up the controller's work; exiting");
+                std::process::exit(1);
             }
         });
+    } else {
+        start_controller_background(&args, &driver, &stop).await?;
     }
     match &args.endpoint {
         Endpoint::Unix(path) => {
@@ -365,6 +442,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
     }
     if let Err(e) = driver.store.flush() {
         tracing::error!(error = %e, "cannot make the last store changes durable");
+    }
+    // A successor need not wait for the Lease to expire.
+    if let Some(hold) = lease.lock().await.take() {
+        hold.release().await;
     }
     tracing::info!("csi-relay stopped");
     Ok(())

@@ -49,6 +49,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::CreateVolumeRequest>,
     ) -> Reply<csi::CreateVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
         rpc(
@@ -63,6 +64,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::DeleteVolumeRequest>,
     ) -> Reply<csi::DeleteVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(
@@ -77,6 +79,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ControllerPublishVolumeRequest>,
     ) -> Reply<csi::ControllerPublishVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(
@@ -91,6 +94,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ControllerUnpublishVolumeRequest>,
     ) -> Reply<csi::ControllerUnpublishVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(
@@ -105,6 +109,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ValidateVolumeCapabilitiesRequest>,
     ) -> Reply<csi::ValidateVolumeCapabilitiesResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(
@@ -119,6 +124,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ListVolumesRequest>,
     ) -> Reply<csi::ListVolumesResponse> {
+        self.driver.require_leader()?;
         rpc(
             "ListVolumes",
             "",
@@ -131,6 +137,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::GetCapacityRequest>,
     ) -> Reply<csi::GetCapacityResponse> {
+        self.driver.require_leader()?;
         rpc(
             "GetCapacity",
             "",
@@ -165,6 +172,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::CreateSnapshotRequest>,
     ) -> Reply<csi::CreateSnapshotResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
         rpc(
@@ -179,6 +187,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::DeleteSnapshotRequest>,
     ) -> Reply<csi::DeleteSnapshotResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.snapshot_id.clone();
         rpc(
@@ -193,6 +202,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::GetSnapshotRequest>,
     ) -> Reply<csi::GetSnapshotResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.snapshot_id.clone();
         rpc(
@@ -207,6 +217,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ListSnapshotsRequest>,
     ) -> Reply<csi::ListSnapshotsResponse> {
+        self.driver.require_leader()?;
         rpc(
             "ListSnapshots",
             "",
@@ -219,6 +230,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ControllerExpandVolumeRequest>,
     ) -> Reply<csi::ControllerExpandVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(
@@ -233,6 +245,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ControllerGetVolumeRequest>,
     ) -> Reply<csi::ControllerGetVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(
@@ -247,6 +260,7 @@ impl Controller for ControllerService {
         &self,
         r: Request<csi::ControllerModifyVolumeRequest>,
     ) -> Reply<csi::ControllerModifyVolumeResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
         rpc(

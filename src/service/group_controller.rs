@@ -44,6 +44,7 @@ impl GroupController for GroupControllerService {
         &self,
         r: Request<csi::CreateVolumeGroupSnapshotRequest>,
     ) -> Reply<csi::CreateVolumeGroupSnapshotResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
         rpc(
@@ -58,6 +59,7 @@ impl GroupController for GroupControllerService {
         &self,
         r: Request<csi::DeleteVolumeGroupSnapshotRequest>,
     ) -> Reply<csi::DeleteVolumeGroupSnapshotResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.group_snapshot_id.clone();
         rpc(
@@ -72,6 +74,7 @@ impl GroupController for GroupControllerService {
         &self,
         r: Request<csi::GetVolumeGroupSnapshotRequest>,
     ) -> Reply<csi::GetVolumeGroupSnapshotResponse> {
+        self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.group_snapshot_id.clone();
         rpc(
