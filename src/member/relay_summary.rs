@@ -43,6 +43,15 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
 /// Re-applies the controller's view when the object's summary lags.
 async fn catch_up(driver: &Driver, obj: &RelayVolume) {
     let id = obj.spec.volume_id.clone();
+    // Under the volume's guard: a call deleting it meanwhile would
+    // otherwise be followed by this (older) state, and the object would
+    // come back. A busy volume is caught up by its call's own write.
+    let Ok(_guard) = driver
+        .limiter
+        .try_acquire(&[crate::limiter::volume_key(&id)])
+    else {
+        return;
+    };
     let Ok(Some(vol)) = driver.find_volume(&id).await else {
         return;
     };

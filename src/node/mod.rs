@@ -4,6 +4,7 @@
 //! restart reconciliation. Each follows the same order: ask `state` what the
 //! request means, persist the intent, do the mount work, persist the outcome.
 
+pub mod bounded;
 pub mod ephemeral;
 pub mod expand;
 pub mod member;

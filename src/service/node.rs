@@ -4,6 +4,7 @@ use tonic::{Request, Response, Status};
 
 use crate::csi::{self, node_server::Node, node_service_capability::rpc::Type};
 use crate::driver::Driver;
+use crate::node::bounded::{off_workers, NODE_CALL_LIMIT};
 use crate::node::{expand, publish, stage, stats};
 use crate::observe::rpc;
 
@@ -36,9 +37,13 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeStageVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc("NodeStageVolume", &id, async {
-            self.driver.require_node_ready()?;
-            stage::stage(&self.driver, req).await
+            d.require_node_ready()?;
+            off_workers("NodeStageVolume", NODE_CALL_LIMIT, async move {
+                stage::stage(&d, req).await
+            })
+            .await
         })
         .await
     }
@@ -49,9 +54,13 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeUnstageVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc("NodeUnstageVolume", &id, async {
-            self.driver.require_node_ready()?;
-            stage::unstage(&self.driver, req).await
+            d.require_node_ready()?;
+            off_workers("NodeUnstageVolume", NODE_CALL_LIMIT, async move {
+                stage::unstage(&d, req).await
+            })
+            .await
         })
         .await
     }
@@ -62,9 +71,13 @@ impl Node for NodeService {
     ) -> Reply<csi::NodePublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc("NodePublishVolume", &id, async {
-            self.driver.require_node_ready()?;
-            publish::publish(&self.driver, req).await
+            d.require_node_ready()?;
+            off_workers("NodePublishVolume", NODE_CALL_LIMIT, async move {
+                publish::publish(&d, req).await
+            })
+            .await
         })
         .await
     }
@@ -75,9 +88,13 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeUnpublishVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc("NodeUnpublishVolume", &id, async {
-            self.driver.require_node_ready()?;
-            publish::unpublish(&self.driver, req).await
+            d.require_node_ready()?;
+            off_workers("NodeUnpublishVolume", NODE_CALL_LIMIT, async move {
+                publish::unpublish(&d, req).await
+            })
+            .await
         })
         .await
     }
@@ -88,9 +105,13 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeGetVolumeStatsResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc("NodeGetVolumeStats", &id, async {
-            self.driver.require_node_ready()?;
-            stats::stats(&self.driver, req).await
+            d.require_node_ready()?;
+            off_workers("NodeGetVolumeStats", NODE_CALL_LIMIT, async move {
+                stats::stats(&d, req).await
+            })
+            .await
         })
         .await
     }
@@ -101,9 +122,13 @@ impl Node for NodeService {
     ) -> Reply<csi::NodeExpandVolumeResponse> {
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc("NodeExpandVolume", &id, async {
-            self.driver.require_node_ready()?;
-            expand::expand(&self.driver, req).await
+            d.require_node_ready()?;
+            off_workers("NodeExpandVolume", NODE_CALL_LIMIT, async move {
+                expand::expand(&d, req).await
+            })
+            .await
         })
         .await
     }

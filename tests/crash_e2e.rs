@@ -1,0 +1,263 @@
+//! A controller killed with SIGKILL at random points of CreateVolume and
+//! ControllerPublishVolume, 20 times, on real control planes; restarted
+//! with the same state dir and (every other round) an empty one, as a
+//! rescheduled Deployment pod with an emptyDir would be. The CO's retries
+//! must find exactly one member PVC per volume, and once every flow is
+//! unwound no member PVC and no relay-made member VolumeAttachment is left.
+//! Skipped unless RELAY_E2E_* are set (see member_e2e.rs).
+
+mod common;
+mod e2e_support;
+
+use std::time::Duration;
+
+use common::req::snw;
+use csi_relay::csi;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use tonic::Code;
+
+use e2e_support::eventually;
+
+const ROUNDS: u64 = 20;
+
+fn create_request(name: &str, env: &e2e_support::Env) -> csi::CreateVolumeRequest {
+    let mut req = common::req::create(name, 1 << 24, snw());
+    req.parameters = [
+        ("member".to_string(), "e2e".to_string()),
+        ("memberStorageClass".to_string(), env.storage_class.clone()),
+        ("memberNamespace".to_string(), env.namespace.clone()),
+    ]
+    .into();
+    req
+}
+
+/// What the CO does until it gets an answer: retry what is retryable.
+async fn until_ok<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    eventually(what, Duration::from_secs(120), || {
+        let attempt = call();
+        async move {
+            match attempt.await {
+                Ok(v) => Some(v),
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        Code::Unavailable | Code::Aborted | Code::DeadlineExceeded
+                    ) =>
+                {
+                    None
+                }
+                Err(s) => panic!("{s:?}"),
+            }
+        }
+    })
+    .await
+}
+
+fn relay_made(vas: &[VolumeAttachment]) -> Vec<String> {
+    vas.iter()
+        .filter(|va| {
+            va.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("csi-relay")
+            })
+        })
+        .filter_map(|va| va.metadata.name.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_after() {
+    let Some(env) = e2e_support::env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let host = e2e_support::client(&env.host_kubeconfig).await;
+    let member = e2e_support::client(&env.member_kubeconfig).await;
+    e2e_support::install_crd(&host).await;
+    let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
+    let host_nodes: Api<Node> = Api::all(host.clone());
+    let labels = serde_json::json!({"metadata": {"labels": {
+        "topology.relay.csi.dev/member": "e2e",
+        "topology.relay.csi.dev/member-node": "member-node-1",
+    }}});
+    host_nodes
+        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .expect("label host node");
+    let member_arg = format!("e2e={}", env.member_kubeconfig);
+    let mut d = common::Driver::start_as(
+        "controller",
+        &[
+            "--mode",
+            "controller",
+            "--backend",
+            "member",
+            "--member",
+            &member_arg,
+            "--host-kubeconfig",
+            &env.host_kubeconfig,
+            "--housekeeping-interval",
+            "3",
+        ],
+    )
+    .await;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), &env.namespace);
+    let vas: Api<VolumeAttachment> = Api::all(member.clone());
+    let run = std::process::id();
+    let mut ids = Vec::new();
+    for round in 0..ROUNDS {
+        let name = format!("crash-{run}-{round}");
+        // The flow the sidecars drive, cut short by a SIGKILL.
+        let channel = d.channel.clone();
+        let req = create_request(&name, &env);
+        let node = host_node.clone();
+        let flow = tokio::spawn(async move {
+            let mut c = csi::controller_client::ControllerClient::new(channel);
+            let Ok(v) = c.create_volume(req).await else {
+                return;
+            };
+            let Some(vol) = v.into_inner().volume else {
+                return;
+            };
+            for _ in 0..50 {
+                let publish = csi::ControllerPublishVolumeRequest {
+                    volume_id: vol.volume_id.clone(),
+                    node_id: node.clone(),
+                    volume_capability: Some(snw()),
+                    volume_context: vol.volume_context.clone(),
+                    ..Default::default()
+                };
+                match c.controller_publish_volume(publish).await {
+                    Ok(_) => return,
+                    Err(s) if s.code() == Code::Unavailable => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        // Anywhere from before the create to after the attachment.
+        let at = Duration::from_millis(20 + (round * 137) % 900);
+        tokio::time::sleep(at).await;
+        d.crash();
+        flow.abort();
+        let empty = round % 2 == 1;
+        if empty {
+            std::fs::remove_dir_all(&d.state_dir).expect("wipe the state dir");
+        }
+        d.start_again().await;
+
+        // The CO retries the create (same name) and the publish.
+        let c = d.controller();
+        let vol = until_ok("CreateVolume retry", || {
+            let mut c = c.clone();
+            let req = create_request(&name, &env);
+            async move { c.create_volume(req).await }
+        })
+        .await
+        .into_inner()
+        .volume
+        .expect("a volume");
+        let mine: Vec<PersistentVolumeClaim> = pvcs
+            .list(&ListParams::default().labels("app.kubernetes.io/managed-by=csi-relay"))
+            .await
+            .expect("list member PVCs")
+            .items
+            .into_iter()
+            .filter(|p| {
+                p.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("relay.csi.dev/volume-name"))
+                    == Some(&name)
+            })
+            .collect();
+        assert_eq!(
+            mine.len(),
+            1,
+            "round {round} (killed after {at:?}, empty state dir: {empty}): one member PVC per volume"
+        );
+        until_ok("ControllerPublishVolume retry", || {
+            let mut c = c.clone();
+            let req = csi::ControllerPublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: host_node.clone(),
+                volume_capability: Some(snw()),
+                volume_context: vol.volume_context.clone(),
+                ..Default::default()
+            };
+            async move { c.controller_publish_volume(req).await }
+        })
+        .await;
+        ids.push(vol.volume_id);
+    }
+
+    // Unwind every flow as the CO would.
+    for id in &ids {
+        let c = d.controller();
+        until_ok("ControllerUnpublishVolume", || {
+            let mut c = c.clone();
+            let req = csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: host_node.clone(),
+                ..Default::default()
+            };
+            async move { c.controller_unpublish_volume(req).await }
+        })
+        .await;
+        until_ok("DeleteVolume", || {
+            let mut c = c.clone();
+            let req = csi::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            };
+            async move { c.delete_volume(req).await }
+        })
+        .await;
+    }
+    let prefix = format!("crash-{run}-");
+    // For a post-mortem: the driver's log outlives its temp dir.
+    if let Ok(path) = std::env::var("RELAY_E2E_KEEP_LOG") {
+        let _ = std::fs::write(&path, format!("ids: {ids:?}\n{}", d.log()));
+    }
+    eventually(
+        "no member PVC and no relay-made member attachment",
+        Duration::from_secs(120),
+        || {
+            let (pvcs, vas, prefix) = (pvcs.clone(), vas.clone(), prefix.clone());
+            async move {
+                let left_pvcs = pvcs
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|p| {
+                        p.metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("relay.csi.dev/volume-name"))
+                            .is_some_and(|n| n.starts_with(&prefix))
+                    })
+                    .count();
+                let left_vas =
+                    relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
+                (left_pvcs == 0 && left_vas == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    let unlabel = serde_json::json!({"metadata": {"labels": {
+        "topology.relay.csi.dev/member": null,
+        "topology.relay.csi.dev/member-node": null,
+    }}});
+    let _ = host_nodes
+        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await;
+    d.stop_gracefully().await;
+}
