@@ -5,7 +5,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::backend::{
-    Backend, CapacityReport, Health, NodeSource, OwnAttachment, Placement, SourceData,
+    Backend, CapacityReport, DataKind, Health, NodeSource, OwnAttachment, Placement, SourceData,
+    StoredData,
 };
 use crate::capability::Capability;
 use crate::config::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
@@ -574,6 +575,84 @@ impl Backend for MemberBackend {
             }
         }
         described.to_context()
+    }
+
+    /// Member PVCs whose host PersistentVolume is gone: candidates for
+    /// housekeeping, which removes those no record owns either. A claim
+    /// without the host PV's name (no --extra-create-metadata) is never
+    /// listed: nothing tells whether the CO still uses it.
+    async fn stored_data(&self) -> CsiResult<Vec<StoredData>> {
+        let Some(host) = &self.host else {
+            return Ok(Vec::new());
+        };
+        let pvs =
+            kube::api::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(host.client());
+        let mut found = Vec::new();
+        for (member, cluster) in &self.members {
+            let claims = match pvc::made_by(cluster, &self.driver_name).await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(member = %member, error = %e, "cannot list member claims; next sweep");
+                    continue;
+                }
+            };
+            for claim in claims {
+                let (Some(id), Some(host_pv)) = (
+                    pvc::annotation(&claim, naming::VOLUME_ID_ANNOTATION),
+                    pvc::annotation(&claim, naming::HOST_PV_NAME),
+                ) else {
+                    continue;
+                };
+                if claim.metadata.deletion_timestamp.is_some()
+                    || naming::parse_volume_id(id).map(|(m, _)| m) != Some(member.as_str())
+                {
+                    continue;
+                }
+                let gone = host
+                    .fetch(&format!("get PersistentVolume {host_pv}"), pvs.get(host_pv))
+                    .await?
+                    .is_none();
+                if gone {
+                    found.push(StoredData {
+                        kind: DataKind::Volume,
+                        id: id.to_string(),
+                        path: format!(
+                            "{member}/{}/{}",
+                            claim.metadata.namespace.as_deref().unwrap_or_default(),
+                            claim.metadata.name.as_deref().unwrap_or_default()
+                        )
+                        .into(),
+                        temporary: false,
+                    });
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    async fn remove_data(&self, data: &StoredData) -> CsiResult<()> {
+        let place = data.path.to_string_lossy().into_owned();
+        let mut parts = place.splitn(3, '/');
+        let (Some(member), Some(namespace), Some(name)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(CsiError::Internal(format!(
+                "{place:?} names no member claim"
+            )));
+        };
+        let cluster = self.cluster(member)?;
+        let uuid = naming::parse_volume_id(&data.id)
+            .map(|(_, u)| u.to_string())
+            .unwrap_or_default();
+        let at = MemberVolume {
+            member: member.to_string(),
+            namespace: namespace.to_string(),
+            pvc: name.to_string(),
+            uuid,
+            selected_node: None,
+        };
+        // Deletes only a claim that carries this id, as of the uid read.
+        pvc::delete(cluster, &at, &data.id).await
     }
 
     async fn own_attachments(&self) -> CsiResult<Vec<OwnAttachment>> {

@@ -1389,3 +1389,85 @@ async fn node_source_comes_from_the_publish_context() {
         NodeSource::Member(Box::new(described))
     );
 }
+
+// Housekeeping's view of member claims: only the relay's own, with a host
+// PV name, whose host PV is gone; removal goes through the ownership check.
+#[tokio::test]
+async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
+    let (b, mut member, mut host) = with_host();
+    let claim = |name: &str, id: &str, pv: Option<&str>, driver: &str| {
+        let mut annotations = json!({
+            naming::VOLUME_ID_ANNOTATION: id,
+            naming::DRIVER_ANNOTATION: driver,
+        });
+        if let Some(pv) = pv {
+            annotations[naming::HOST_PV_NAME] = pv.into();
+        }
+        json!({"metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                            "labels": {naming::MANAGED_BY: naming::MANAGER},
+                            "annotations": annotations}})
+    };
+    let gone_id = "m-east-0123456789abcdef0123456789abcdef";
+    let items = vec![
+        claim(
+            "kept",
+            "m-east-11111111111111111111111111111111",
+            Some("pv-present"),
+            "relay.csi.dev",
+        ),
+        claim("gone", gone_id, Some("pv-gone"), "relay.csi.dev"),
+        claim(
+            "no-host-pv",
+            "m-east-22222222222222222222222222222222",
+            None,
+            "relay.csi.dev",
+        ),
+        claim(
+            "other-driver",
+            "m-east-33333333333333333333333333333333",
+            Some("pv-x"),
+            "other.csi.dev",
+        ),
+        claim(
+            "other-member",
+            "m-west-44444444444444444444444444444444",
+            Some("pv-y"),
+            "relay.csi.dev",
+        ),
+    ];
+    let (found, (), ()) = tokio::join!(
+        b.stored_data(),
+        async {
+            let list = member.expect("GET", "/api/v1/persistentvolumeclaims").await;
+            assert!(list.query.contains("labelSelector"), "{}", list.query);
+            list.ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                           "metadata": {}, "items": items}),
+            );
+        },
+        async {
+            host.expect("GET", "/api/v1/persistentvolumes/pv-present")
+                .await
+                .ok(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-present"}}));
+            host.expect("GET", "/api/v1/persistentvolumes/pv-gone")
+                .await
+                .not_found();
+        }
+    );
+    let found = found.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].id, gone_id);
+    let (removed, ()) = tokio::join!(b.remove_data(&found[0]), async {
+        let path = "/api/v1/namespaces/shop/persistentvolumeclaims/gone";
+        member.expect("GET", path).await.ok(claim(
+            "gone",
+            gone_id,
+            Some("pv-gone"),
+            "relay.csi.dev",
+        ));
+        let del = member.expect("DELETE", path).await;
+        assert_eq!(del.body["preconditions"]["uid"], "uid-gone");
+        del.ok(claim("gone", gone_id, Some("pv-gone"), "relay.csi.dev"));
+    });
+    removed.unwrap();
+}

@@ -236,6 +236,26 @@ pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
     }
 }
 
+/// Every member PVC the relay named `driver_name` made (by its marks).
+pub async fn made_by(
+    cluster: &Cluster,
+    driver_name: &str,
+) -> CsiResult<Vec<PersistentVolumeClaim>> {
+    let params =
+        ListParams::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
+    let list = cluster
+        .run(
+            "list csi-relay PersistentVolumeClaims",
+            Api::<PersistentVolumeClaim>::all(cluster.client()).list(&params),
+        )
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|c| annotation(c, naming::DRIVER_ANNOTATION) == Some(driver_name))
+        .collect())
+}
+
 pub async fn get_pv(cluster: &Cluster, name: &str) -> CsiResult<Option<PersistentVolume>> {
     cluster
         .fetch(
