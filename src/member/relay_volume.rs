@@ -30,10 +30,16 @@ pub const VERSION: &str = "v1alpha1";
 /// Observer calls are on the RPC path: a slow host API costs at most this.
 pub const OBSERVER_TIMEOUT: Duration = Duration::from_secs(5);
 
-fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true
+/// The record is one JSON string, not an object: server-side apply merges
+/// objects field by field, and a map the controller empties (an
+/// attachment's publish_context, dropped at rebuild) came back as `null`,
+/// which made the record unreadable and the volume lost at the next
+/// rebuild. A string is applied whole.
+fn record_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    // Objects written by earlier versions are read too.
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
     })
 }
 
@@ -68,9 +74,9 @@ pub struct RelayVolumeSpec {
     /// namespace/name of the host PVC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_pvc: Option<String>,
-    /// The controller's record of the volume, to rebuild its store from.
-    #[schemars(schema_with = "opaque_object")]
-    pub record: serde_json::Value,
+    /// The controller's record of the volume (JSON), to rebuild its store from.
+    #[serde(deserialize_with = "record_text")]
+    pub record: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -189,7 +195,7 @@ pub fn spec_of(vol: &Volume) -> CsiResult<RelayVolumeSpec> {
         member,
         member_pvc,
         host_pvc,
-        record: serde_json::to_value(controller_record(vol))
+        record: serde_json::to_string(&controller_record(vol))
             .map_err(|e| CsiError::Internal(format!("encode volume record: {e}")))?,
     })
 }
@@ -483,7 +489,7 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
         })?;
     let mut restored = 0;
     for item in list.items {
-        let vol: Volume = match serde_json::from_value(item.spec.record.clone()) {
+        let vol: Volume = match serde_json::from_str(&item.spec.record) {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(volume_id = %item.spec.volume_id, error = %e, "RelayVolume record unreadable; skipped");

@@ -127,7 +127,11 @@ async fn the_controller_applies_spec_and_status_as_csi_relay() {
         assert_eq!(body["spec"]["hostPvc"], "shop/data");
         assert_eq!(body["spec"]["capacityBytes"], 1 << 30);
         // The record keeps the attachment, not the node-side mount state.
-        let node = &body["spec"]["record"]["nodes"]["worker-1"];
+        // One JSON string, applied whole (never merged field by field).
+        let record: Value =
+            serde_json::from_str(body["spec"]["record"].as_str().unwrap_or_default())
+                .unwrap_or_default();
+        let node = &record["nodes"]["worker-1"];
         assert!(node["attachment"].is_object(), "{node}");
         assert!(node["stage"].is_null(), "{node}");
         assert_eq!(node["targets"], json!({}));
@@ -441,4 +445,34 @@ fn the_summary_is_the_furthest_state_any_writer_reported() {
     assert_eq!(summary(&vol, Some(&only_member)).0, "PUBLISHED");
     vol.lifecycle = Lifecycle::Deleting;
     assert_eq!(summary(&vol, Some(&only_member)).0, "DELETING");
+}
+
+#[test]
+fn deploy_carries_the_crd_the_code_renders() {
+    let shipped = include_str!("../../deploy/relayvolume-crd.yaml");
+    let body: String = shipped
+        .lines()
+        .skip_while(|l| l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let rendered = crd_yaml().unwrap();
+    assert_eq!(
+        body.trim_end(),
+        rendered.trim_end(),
+        "deploy/relayvolume-crd.yaml is stale: regenerate it with `csi-relay crd`"
+    );
+}
+
+// A record survives a server-side apply round trip whole: it is a string,
+// and records stored as objects by earlier versions are still read.
+#[test]
+fn records_are_one_string_and_old_objects_are_read() {
+    let spec = spec_of(&volume()).unwrap();
+    let json = serde_json::to_value(&spec).unwrap();
+    assert!(json["record"].is_string(), "{}", json["record"]);
+    let mut old = json.clone();
+    old["record"] = serde_json::from_str(json["record"].as_str().unwrap()).unwrap();
+    let back: RelayVolumeSpec = serde_json::from_value(old).unwrap();
+    let vol: Volume = serde_json::from_str(&back.record).unwrap();
+    assert_eq!(vol.id, VOL_ID);
 }
