@@ -74,6 +74,8 @@ fn csi_source(driver: &str, member: &Vol) -> SourceKind {
         volume_attributes: member.context.clone().into_iter().collect(),
         publish_context: member.publish_context.clone().into_iter().collect(),
         attachment: None,
+        stage_secret: None,
+        publish_secret: None,
     }
 }
 
@@ -529,6 +531,8 @@ async fn a_plugin_that_does_not_stage_gets_exactly_the_member_volume() {
             volume_attributes: attributes.clone(),
             publish_context: member_pc.clone(),
             attachment: Some("relay-abc".into()),
+            stage_secret: None,
+            publish_secret: None,
         },
     };
     let mut hv = host_vol(

@@ -219,6 +219,18 @@ pub trait Backend: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// The data of the member Secret `reference` (`namespace/name`) in
+    /// `member`, which a member volume's own driver needs on the node.
+    async fn node_secret(
+        &self,
+        member: &str,
+        reference: &str,
+    ) -> CsiResult<std::collections::HashMap<String, String>> {
+        Err(CsiError::FailedPrecondition(format!(
+            "the member volume's driver needs Secret {reference} of member cluster {member}, and this node plugin has no client for it: run it with --backend member --member {member}=KUBECONFIG (get on secrets is all it needs)"
+        )))
+    }
+
     /// Removes one entry `stored_data` listed. Already absent is success.
     async fn remove_data(&self, _data: &StoredData) -> CsiResult<()> {
         Ok(())

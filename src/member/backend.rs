@@ -655,6 +655,44 @@ impl Backend for MemberBackend {
         pvc::delete(cluster, &at, &data.id).await
     }
 
+    async fn node_secret(
+        &self,
+        member: &str,
+        reference: &str,
+    ) -> CsiResult<HashMap<String, String>> {
+        let cluster = self.cluster(member).map_err(|_| {
+            CsiError::FailedPrecondition(format!(
+                "the member volume's driver needs Secret {reference} of member cluster {member}, and this node plugin has no client for it: run it with --member {member}=KUBECONFIG (get on secrets is all it needs)"
+            ))
+        })?;
+        let reference = source::check_secret_ref(reference)?;
+        let (namespace, name) = reference.split_once('/').unwrap_or_default();
+        let api = kube::api::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+            cluster.client(),
+            namespace,
+        );
+        let secret = cluster
+            .fetch(&format!("get Secret {reference}"), api.get(name))
+            .await?
+            .ok_or_else(|| {
+                CsiError::FailedPrecondition(format!(
+                    "{}: Secret {reference}, named by the member PersistentVolume for its driver's node calls, does not exist",
+                    cluster.label()
+                ))
+            })?;
+        let mut values = HashMap::new();
+        for (key, bytes) in secret.data.unwrap_or_default() {
+            let value = String::from_utf8(bytes.0).map_err(|_| {
+                CsiError::FailedPrecondition(format!(
+                    "{}: key {key:?} of Secret {reference} is not UTF-8 text; CSI secrets are strings",
+                    cluster.label()
+                ))
+            })?;
+            values.insert(key, value);
+        }
+        Ok(values)
+    }
+
     async fn own_attachments(&self) -> CsiResult<Vec<OwnAttachment>> {
         let mut found = Vec::new();
         for (member, cluster) in &self.members {

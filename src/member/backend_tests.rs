@@ -1471,3 +1471,37 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
     });
     removed.unwrap();
 }
+
+// A member driver's node Secret, read by a node plugin with a member
+// client: values pass through; missing ones and binary values are named,
+// never shown.
+#[tokio::test]
+async fn node_secrets_are_read_from_the_member() {
+    let (b, mut api) = east();
+    let path = "/api/v1/namespaces/ceph/secrets/ceph-node";
+    let (got, ()) = tokio::join!(b.node_secret("east", "ceph/ceph-node"), async {
+        api.expect("GET", path).await.ok(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ceph-node"},
+            "data": {"userID": "YWRtaW4=", "userKey": "czNjcjN0"}}));
+    });
+    let got = got.unwrap();
+    assert_eq!(got["userID"], "admin");
+    assert_eq!(got["userKey"], "s3cr3t");
+    let (missing, ()) = tokio::join!(b.node_secret("east", "ceph/ceph-node"), async {
+        api.expect("GET", path).await.not_found();
+    });
+    let err = missing.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("ceph/ceph-node"), "{err}");
+    let (binary, ()) = tokio::join!(b.node_secret("east", "ceph/ceph-node"), async {
+        api.expect("GET", path).await.ok(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "ceph-node"},
+            "data": {"key": "/w=="}}));
+    });
+    let err = binary.unwrap_err().to_string();
+    assert!(err.contains("\"key\"") && !err.contains("/w=="), "{err}");
+    // No client for that member on this node: the flag to set is named.
+    let err = b.node_secret("west", "ceph/x").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("--member west="), "{err}");
+}

@@ -32,6 +32,11 @@ pub const CSI_VOLUME_ATTRIBUTES: &str = "relay.csi.dev/csi-volume-attributes";
 /// JSON object: the member VolumeAttachment's attachmentMetadata (the member
 /// driver's own publish_context).
 pub const CSI_PUBLISH_CONTEXT: &str = "relay.csi.dev/csi-publish-context";
+/// `namespace/name` of the member Secret the member driver's NodeStage and
+/// NodePublish need (the member PV's nodeStageSecretRef/nodePublishSecretRef).
+/// Only the reference travels; the node plugin reads the Secret itself.
+pub const CSI_STAGE_SECRET: &str = "relay.csi.dev/csi-stage-secret";
+pub const CSI_PUBLISH_SECRET: &str = "relay.csi.dev/csi-publish-secret";
 /// The member VolumeAttachment csi-relay created for this node.
 pub const MEMBER_ATTACHMENT: &str = "relay.csi.dev/member-attachment";
 
@@ -59,7 +64,39 @@ pub enum SourceKind {
         publish_context: BTreeMap<String, String>,
         /// The member VolumeAttachment's name, when csi-relay made one.
         attachment: Option<String>,
+        /// `namespace/name` of the member PV's nodeStageSecretRef.
+        stage_secret: Option<String>,
+        /// `namespace/name` of the member PV's nodePublishSecretRef.
+        publish_secret: Option<String>,
     },
+}
+
+/// `namespace/name` of a Secret reference, checked.
+fn secret_ref(
+    r: Option<&k8s_openapi::api::core::v1::SecretReference>,
+) -> CsiResult<Option<String>> {
+    let Some(r) = r else { return Ok(None) };
+    let (ns, name) = (
+        r.namespace.as_deref().unwrap_or("default"),
+        r.name.as_deref().unwrap_or_default(),
+    );
+    check_secret_ref(&format!("{ns}/{name}")).map(Some)
+}
+
+/// Validates `namespace/name`: a context is editable input.
+pub fn check_secret_ref(value: &str) -> CsiResult<String> {
+    match value.split_once('/') {
+        Some((ns, name))
+            if crate::member::naming::is_dns_label(ns)
+                && crate::member::naming::is_dns_subdomain(name) =>
+        {
+            Ok(value.to_string())
+        }
+        _ => Err(CsiError::invalid(
+            "publish_context",
+            format!("{value:?} is not a namespace/name Secret reference"),
+        )),
+    }
 }
 
 impl SourceKind {
@@ -190,6 +227,8 @@ impl MemberSource {
                 volume_handle: csi.volume_handle.clone(),
                 fs_type: csi.fs_type.clone().filter(|t| !t.is_empty()),
                 volume_attributes: csi.volume_attributes.clone().unwrap_or_default(),
+                stage_secret: secret_ref(csi.node_stage_secret_ref.as_ref())?,
+                publish_secret: secret_ref(csi.node_publish_secret_ref.as_ref())?,
                 publish_context: BTreeMap::new(),
                 attachment: None,
             }
@@ -252,7 +291,17 @@ impl MemberSource {
                 volume_attributes,
                 publish_context,
                 attachment,
+                stage_secret,
+                publish_secret,
             } => {
+                for (key, value) in [
+                    (CSI_STAGE_SECRET, stage_secret),
+                    (CSI_PUBLISH_SECRET, publish_secret),
+                ] {
+                    if let Some(v) = value {
+                        c.insert(key.to_string(), v.clone());
+                    }
+                }
                 c.insert(CSI_DRIVER.to_string(), driver.clone());
                 c.insert(CSI_VOLUME_HANDLE.to_string(), volume_handle.clone());
                 if let Some(f) = fs_type {
@@ -337,6 +386,12 @@ impl MemberSource {
                 volume_attributes: parse(&c, CSI_VOLUME_ATTRIBUTES)?.unwrap_or_default(),
                 publish_context: parse(&c, CSI_PUBLISH_CONTEXT)?.unwrap_or_default(),
                 attachment: opt(MEMBER_ATTACHMENT),
+                stage_secret: opt(CSI_STAGE_SECRET)
+                    .map(|v| check_secret_ref(&v))
+                    .transpose()?,
+                publish_secret: opt(CSI_PUBLISH_SECRET)
+                    .map(|v| check_secret_ref(&v))
+                    .transpose()?,
             },
             other => {
                 return Err(CsiError::invalid(
@@ -439,6 +494,31 @@ mod tests {
         .unwrap();
         assert_eq!(s.to_context().unwrap()[LOCAL_PATH], "/mnt/disk1");
         round_trip(&s);
+    }
+
+    // Only references to the member driver's node Secrets travel, checked
+    // both ways; the values are read by the node plugin.
+    #[test]
+    fn csi_node_secret_references_travel_not_secrets() {
+        let s = MemberSource::from_pv(
+            "east",
+            &pv(serde_json::json!({"csi": {
+                "driver": "rbd.csi.ceph.com", "volumeHandle": "h",
+                "nodeStageSecretRef": {"name": "ceph-node", "namespace": "ceph"},
+                "nodePublishSecretRef": {"name": "pub"}}})),
+            None,
+        )
+        .unwrap();
+        let ctx = s.to_context().unwrap();
+        assert_eq!(ctx[CSI_STAGE_SECRET], "ceph/ceph-node");
+        assert_eq!(ctx[CSI_PUBLISH_SECRET], "default/pub");
+        round_trip(&s);
+        for bad in ["../etc", "ns/../x", "Bad_NS/x", "no-slash"] {
+            let mut edited = ctx.clone();
+            edited.insert(CSI_STAGE_SECRET.to_string(), bad.to_string());
+            let err = MemberSource::from_context(&edited).unwrap_err();
+            assert_eq!(err.code(), tonic::Code::InvalidArgument, "{bad}: {err}");
+        }
     }
 
     #[test]

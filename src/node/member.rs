@@ -28,7 +28,7 @@ use crate::driver::{now, Driver};
 use crate::error::{CsiError, CsiResult};
 use crate::member::source::{self, MemberSource, SourceKind};
 use crate::mount::{mountinfo, nfs, syscalls, target_path};
-use crate::node::member_plugin::{MemberCsiVolume, MemberPlugin};
+use crate::node::member_plugin::{MemberCsiVolume, MemberPlugin, Secrets};
 use crate::node::mounter;
 use crate::volume::{Attachment, Backing, Lifecycle, NodeRecord, Volume};
 
@@ -295,6 +295,15 @@ async fn stage_nfs(
     Ok(())
 }
 
+/// The member Secret a member driver's call needs, read from the member
+/// (the reference came through the publish_context; only names are logged).
+async fn secrets_for(d: &Driver, member: &str, reference: Option<&str>) -> CsiResult<Secrets> {
+    match reference {
+        None => Ok(Secrets::default()),
+        Some(r) => Ok(Secrets::new(d.backend.node_secret(member, r).await?)),
+    }
+}
+
 async fn plugin(d: &Driver, v: &MemberCsiVolume<'_>) -> CsiResult<MemberPlugin> {
     MemberPlugin::connect(&d.plugins_dir, v.driver).await
 }
@@ -322,7 +331,8 @@ pub async fn stage(
             let v = csi_volume(m)?;
             let p = plugin(d, &v).await?;
             mounter::guard(staging, "staging_target_path")?;
-            p.stage(&v, staging, cap).await
+            let secrets = secrets_for(d, v.member, v.stage_secret).await?;
+            p.stage(&v, staging, cap, secrets).await
         }
     }
 }
@@ -367,7 +377,8 @@ pub async fn publish_proxied(
 ) -> CsiResult<()> {
     let p = plugin(d, v).await?;
     let target = mounter::guard(target, "target_path")?;
-    p.publish(v, staging, &target, cap, readonly).await
+    let secrets = secrets_for(d, v.member, v.publish_secret).await?;
+    p.publish(v, staging, &target, cap, readonly, secrets).await
 }
 
 /// NodeUnpublishVolume through the member CSI plugin.

@@ -14,7 +14,9 @@
 //! NodePublish reaches the plugin without a staging path.
 //!
 //! The host's `secrets` are never forwarded: they belong to csi-relay's
-//! StorageClass, not to the member driver.
+//! StorageClass, not to the member driver. The member PV's own node
+//! secrets (nodeStageSecretRef, nodePublishSecretRef) are read from the
+//! member cluster by this node plugin and passed on, never logged.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -36,6 +38,26 @@ use crate::member::source::{MemberSource, SourceKind};
 
 pub use node_service_capability::rpc::Type as NodeCapability;
 
+/// Secret values for one call: never printed, even by `{:?}`.
+#[derive(Default, Clone)]
+pub struct Secrets(std::collections::HashMap<String, String>);
+
+impl Secrets {
+    pub fn new(values: std::collections::HashMap<String, String>) -> Self {
+        Secrets(values)
+    }
+
+    fn into_inner(self) -> std::collections::HashMap<String, String> {
+        self.0
+    }
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} keys, values redacted)", self.0.len())
+    }
+}
+
 /// kubelet's plugins directory, where node plugins' sockets live.
 pub const DEFAULT_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 /// The socket file name inside `<plugins dir>/<driver name>/`.
@@ -50,6 +72,8 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(100);
 /// The member CSI volume, as its driver's node plugin is told about it.
 #[derive(Debug, Clone, Copy)]
 pub struct MemberCsiVolume<'a> {
+    /// The member cluster the volume lives in.
+    pub member: &'a str,
     pub driver: &'a str,
     pub handle: &'a str,
     pub fs_type: Option<&'a str>,
@@ -57,6 +81,9 @@ pub struct MemberCsiVolume<'a> {
     pub publish_context: &'a BTreeMap<String, String>,
     /// The member PV's mountOptions.
     pub mount_options: &'a [String],
+    /// `namespace/name` of the member Secrets NodeStage/NodePublish need.
+    pub stage_secret: Option<&'a str>,
+    pub publish_secret: Option<&'a str>,
 }
 
 impl<'a> MemberCsiVolume<'a> {
@@ -69,14 +96,19 @@ impl<'a> MemberCsiVolume<'a> {
                 fs_type,
                 volume_attributes,
                 publish_context,
+                stage_secret,
+                publish_secret,
                 ..
             } => Some(MemberCsiVolume {
+                member: &source.member,
                 driver,
                 handle: volume_handle,
                 fs_type: fs_type.as_deref(),
                 attributes: volume_attributes,
                 publish_context,
                 mount_options: &source.mount_options,
+                stage_secret: stage_secret.as_deref(),
+                publish_secret: publish_secret.as_deref(),
             }),
             _ => None,
         }
@@ -282,6 +314,7 @@ impl MemberPlugin {
         vol: &MemberCsiVolume<'_>,
         staging: &Path,
         cap: &Capability,
+        secrets: Secrets,
     ) -> CsiResult<()> {
         if !self.stages() {
             return Ok(());
@@ -291,7 +324,7 @@ impl MemberPlugin {
             publish_context: vol.publish_context.clone().into_iter().collect(),
             staging_target_path: staging.to_string_lossy().into_owned(),
             volume_capability: Some(self.capability(vol, cap)),
-            secrets: Default::default(),
+            secrets: secrets.into_inner(),
             volume_context: vol.attributes.clone().into_iter().collect(),
         };
         let mut client = self.client.clone();
@@ -321,6 +354,7 @@ impl MemberPlugin {
         target: &Path,
         cap: &Capability,
         readonly: bool,
+        secrets: Secrets,
     ) -> CsiResult<()> {
         let req = csi::NodePublishVolumeRequest {
             volume_id: vol.handle.to_string(),
@@ -329,7 +363,7 @@ impl MemberPlugin {
             target_path: target.to_string_lossy().into_owned(),
             volume_capability: Some(self.capability(vol, cap)),
             readonly,
-            secrets: Default::default(),
+            secrets: secrets.into_inner(),
             volume_context: vol.attributes.clone().into_iter().collect(),
         };
         let mut client = self.client.clone();
@@ -445,12 +479,15 @@ mod tests {
         let context = BTreeMap::new();
         let options = vec!["noatime".to_string(), "nodev".to_string()];
         let vol = MemberCsiVolume {
+            member: "east",
             driver: "d",
             handle: "h",
             fs_type: Some("xfs"),
             attributes: &attributes,
             publish_context: &context,
             mount_options: &options,
+            stage_secret: None,
+            publish_secret: None,
         };
         let cap = Capability {
             mode: AccessMode::SingleNodeMultiWriter,
@@ -511,5 +548,15 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.code(), Code::Unavailable, "{err}");
+    }
+
+    #[test]
+    fn secrets_never_print_their_values() {
+        let s = Secrets::new([("key".to_string(), "hunter2".to_string())].into());
+        let shown = format!("{s:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("1 keys"),
+            "{shown}"
+        );
     }
 }
