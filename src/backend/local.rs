@@ -364,9 +364,9 @@ impl Backend for LocalBackend {
         .await
     }
 
-    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<()> {
+    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<bool> {
         if !matches!(vol.backing, Backing::BlockFile { .. }) {
-            return Ok(()); // a directory has no size of its own
+            return Ok(false); // a directory has no size of its own
         }
         let path = self.volume_path(vol)?;
         blocking(move || {
@@ -380,7 +380,9 @@ impl Backend for LocalBackend {
             };
             grow().map_err(|e| CsiError::io("grow volume file", &path, e))
         })
-        .await
+        .await?;
+        // The node refreshes its loop device and grows the filesystem.
+        Ok(true)
     }
 
     async fn create_snapshot(&self, snap: &Snapshot, source: &Volume) -> CsiResult<()> {

@@ -199,8 +199,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Releases the volume's storage. Already absent is success.
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()>;
 
-    /// Grows the volume's storage to `new_size` bytes.
-    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<()>;
+    /// Grows the volume's storage to `new_size` bytes. Returns whether the
+    /// node must finish it (NodeExpandVolume: a filesystem to grow).
+    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<bool>;
 
     /// Cuts a point-in-time copy of `source` for `snap`. Idempotent.
     async fn create_snapshot(&self, snap: &Snapshot, source: &Volume) -> CsiResult<()>;

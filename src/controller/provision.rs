@@ -377,10 +377,6 @@ pub async fn expand_volume(
     if vol.lifecycle != Lifecycle::Ready {
         return Err(CsiError::VolumeNotFound(id));
     }
-    // A block file needs the node to refresh its loop device (and grow the
-    // filesystem for mount access); a directory has nothing to grow, and a
-    // member volume is resized by the member cluster's own machinery.
-    let node_expansion_required = matches!(vol.backing, Backing::BlockFile { .. });
     let target = if range.required > 0 {
         range.required
     } else {
@@ -408,7 +404,10 @@ pub async fn expand_volume(
             total.saturating_sub(used)
         )));
     }
-    d.backend.expand_volume(&vol, target).await?;
+    // The backend says whether the node must finish it: a block file's
+    // loop device and filesystem, a member volume whose driver grows the
+    // filesystem where it is mounted.
+    let node_expansion_required = d.backend.expand_volume(&vol, target).await?;
     vol.capacity_bytes = target;
     d.put_volume(&vol).await?;
     tracing::info!(volume_id = %vol.id, bytes = target, "volume expanded");

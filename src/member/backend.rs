@@ -402,7 +402,10 @@ impl Backend for MemberBackend {
         pvc::delete(cluster, &at, &vol.id).await
     }
 
-    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<()> {
+    /// The node must finish it when the member's resizer leaves the rest to
+    /// the node (NodeResizePending, FileSystemResizePending): where the
+    /// volume is proxied to a host node, no member kubelet will.
+    async fn expand_volume(&self, vol: &Volume, new_size: u64) -> CsiResult<bool> {
         let at = MemberVolume::of(vol)?;
         let cluster = self.cluster(&at.member)?;
         let label = cluster.label();
@@ -425,7 +428,7 @@ impl Backend for MemberBackend {
         };
         // The member's answer.
         if pvc::capacity(&claim).unwrap_or(0) >= new_size {
-            return Ok(());
+            return Ok(false);
         }
         let conditions = pvc::conditions(&claim);
         let condition = |t: &str| {
@@ -443,11 +446,11 @@ impl Backend for MemberBackend {
                 )))
             }
             // Done on the controller side; the rest happens where it is mounted.
-            Some("NodeResizePending") | Some("NodeResizeInProgress") => return Ok(()),
+            Some("NodeResizePending") | Some("NodeResizeInProgress") => return Ok(true),
             _ => {}
         }
         if condition("FileSystemResizePending").is_some() {
-            return Ok(());
+            return Ok(true);
         }
         let why = condition("ControllerResizeError")
             .map(|m| format!(": the member's resizer reports {m:?}"))

@@ -1153,7 +1153,10 @@ async fn expansion_patches_the_request_and_reports_the_member_answer() {
         api.expect("GET", &path).await.ok(grown.clone());
         api.expect_idle().await;
     });
-    result.unwrap();
+    assert!(
+        !result.unwrap(),
+        "grown by the member: nothing for the node"
+    );
     // Node-side resize pending counts as done for the controller.
     let mut fs_pending = resizing.clone();
     fs_pending["status"]["conditions"] =
@@ -1161,7 +1164,10 @@ async fn expansion_patches_the_request_and_reports_the_member_answer() {
     let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
         api.expect("GET", &path).await.ok(fs_pending);
     });
-    result.unwrap();
+    assert!(
+        result.unwrap(),
+        "the filesystem is grown where it is mounted"
+    );
 }
 
 #[tokio::test(start_paused = true)]

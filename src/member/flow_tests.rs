@@ -323,6 +323,14 @@ async fn housekeeping_collects_unwanted_member_attachments_but_not_under_a_pod()
     let ours_path = format!("{vas}/{ours}");
     for shared in [true, false] {
         let (report, ()) = tokio::join!(crate::housekeeping::sweep(&d), async {
+            // Claims whose host PV is gone: none here.
+            member
+                .expect("GET", "/api/v1/persistentvolumeclaims")
+                .await
+                .ok(
+                    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                           "metadata": {}, "items": []}),
+                );
             let listed = member.expect("GET", vas).await;
             assert!(listed.query.contains("labelSelector"), "{}", listed.query);
             listed.ok(list(vec![va(&ours, "worker-1", true)]));
