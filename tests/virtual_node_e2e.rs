@@ -147,27 +147,25 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
         &d.path("csi-attacher.log"),
     );
 
-    // Whole-cluster mode, then one-member-node mode.
-    flow(
-        &env,
-        &host,
-        &member,
-        "cluster",
-        json!({"topology.relay.csi.dev/member": "e2e"}),
-    )
-    .await;
-    flow(
-        &env,
-        &host,
-        &member,
-        "node",
-        json!({"topology.relay.csi.dev/member": "e2e",
-               "topology.relay.csi.dev/member-node": "member-node-1"}),
-    )
-    .await;
+    // Whole-cluster mode, then one-member-node mode, under Kosmos's
+    // scheduler (Immediate); then whole-cluster mode under the default
+    // scheduler (WaitForFirstConsumer, selected-node = the virtual node).
+    let whole = json!({"topology.relay.csi.dev/member": "e2e"});
+    let one_node = json!({"topology.relay.csi.dev/member": "e2e",
+                          "topology.relay.csi.dev/member-node": "member-node-1"});
+    flow(&env, &host, &member, "cluster", whole.clone(), false).await;
+    flow(&env, &host, &member, "node", one_node, false).await;
+    flow(&env, &host, &member, "wffc", whole, true).await;
 }
 
-async fn flow(env: &Env, host: &Client, member: &Client, mode: &str, labels: serde_json::Value) {
+async fn flow(
+    env: &Env,
+    host: &Client,
+    member: &Client,
+    mode: &str,
+    labels: serde_json::Value,
+    wait_for_consumer: bool,
+) {
     let ns = format!("vn-{}-{mode}", std::process::id());
     let claim = "data";
     // The virtual node gets the member label after the registrar started;
@@ -217,7 +215,7 @@ async fn flow(env: &Env, host: &Client, member: &Client, mode: &str, labels: ser
         .await
         .expect("host namespace");
     let class_name = format!("relay-e2e-{}-{mode}", std::process::id());
-    let class: StorageClass = serde_json::from_value(json!({
+    let mut class = json!({
         "metadata": {"name": class_name},
         "provisioner": DRIVER,
         "volumeBindingMode": "Immediate",
@@ -226,8 +224,12 @@ async fn flow(env: &Env, host: &Client, member: &Client, mode: &str, labels: ser
             {"key": "topology.relay.csi.dev/member", "values": ["e2e"]}]}],
         "parameters": {"member": "e2e", "memberStorageClass": env.storage_class,
                        "createMemberNamespace": "true"}
-    }))
-    .unwrap();
+    });
+    if wait_for_consumer {
+        class["volumeBindingMode"] = "WaitForFirstConsumer".into();
+        class.as_object_mut().map(|c| c.remove("allowedTopologies"));
+    }
+    let class: StorageClass = serde_json::from_value(class).unwrap();
     let classes: Api<StorageClass> = Api::all(host.clone());
     classes
         .create(&PostParams::default(), &class)
@@ -246,6 +248,15 @@ async fn flow(env: &Env, host: &Client, member: &Client, mode: &str, labels: ser
         )
         .await
         .expect("host PVC");
+    if wait_for_consumer {
+        // What kube-scheduler does once it places the pod on the node.
+        let selected = json!({"metadata": {"annotations": {
+            "volume.kubernetes.io/selected-node": env.virtual_node}}});
+        host_pvcs
+            .patch(claim, &PatchParams::default(), &Patch::Merge(&selected))
+            .await
+            .expect("select the virtual node");
+    }
     let host_pv = eventually("the host PVC to bind", Duration::from_secs(60), || {
         let host_pvcs = host_pvcs.clone();
         async move {
