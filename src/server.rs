@@ -158,6 +158,11 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     // answers anything.
                     let restored = rebuild(&host, &driver).await?;
                     tracing::info!(restored, "volume records rebuilt from RelayVolumes");
+                    let snapshots = restore_snapshots(&driver).await?;
+                    tracing::info!(
+                        restored = snapshots,
+                        "snapshot records recovered from member VolumeSnapshots"
+                    );
                     start_summary(driver);
                     // Pods on virtual nodes run in the members: their
                     // state comes from there.
@@ -245,6 +250,26 @@ async fn until_shutdown<E>(
             Ok(())
         }
     }
+}
+
+/// Restores the snapshot records the store lacks from what the backend's
+/// storage describes. Returns how many.
+async fn restore_snapshots(driver: &Driver) -> Result<usize, StartError> {
+    let mut restored = 0;
+    for snap in driver.backend.recover_snapshots().await? {
+        let (id, name) = (snap.id.clone(), snap.name.clone());
+        let known = driver
+            .db(move |s| Ok(s.snapshot(&id)?.is_some() || s.snapshot_by_name(&name)?.is_some()))
+            .await?;
+        if known {
+            continue;
+        }
+        let record = snap.clone();
+        driver.db(move |s| s.put_snapshot(&record)).await?;
+        tracing::info!(snapshot_id = %snap.id, name = %snap.name, "snapshot record recovered from the member");
+        restored += 1;
+    }
+    Ok(restored)
 }
 
 /// Housekeeping and the virtual-node registrar: controller work of the one

@@ -458,8 +458,13 @@ async fn flow(
         }
     };
     set_in_use(vec![in_use.clone()]).await;
-    let rv = wait_rv("RelayVolume VOL_READY", has_entry("VOL_READY")).await;
-    assert_eq!(rv_phase(&rv).as_deref(), Some("VOL_READY"));
+    wait_rv("the member node VOL_READY", has_entry("VOL_READY")).await;
+    // The summary follows the entries (the controller catches up).
+    wait_rv(
+        "RelayVolume VOL_READY",
+        Box::new(|rv| rv_phase(rv).as_deref() == Some("VOL_READY")),
+    )
+    .await;
     member_pods
         .patch_status(
             "web-0",

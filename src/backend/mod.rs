@@ -220,6 +220,12 @@ pub trait Backend: Send + Sync + 'static {
         Ok(Vec::new())
     }
 
+    /// Snapshots the backend's own storage describes (a controller that lost
+    /// its store gets them back; RelayVolumes cover volumes only).
+    async fn recover_snapshots(&self) -> CsiResult<Vec<crate::volume::Snapshot>> {
+        Ok(Vec::new())
+    }
+
     /// The data of the member Secret `reference` (`namespace/name`) in
     /// `member`, which a member volume's own driver needs on the node.
     async fn node_secret(

@@ -475,7 +475,10 @@ impl Backend for MemberBackend {
             )));
         }
         let name = naming::snapshot_name(&snap.id);
+        let record = serde_json::to_string(snap)
+            .map_err(|e| CsiError::Internal(format!("encode snapshot record: {e}")))?;
         let annotations = BTreeMap::from([
+            (naming::SNAPSHOT_RECORD_ANNOTATION.to_string(), record),
             (naming::SNAPSHOT_ID_ANNOTATION.to_string(), snap.id.clone()),
             (naming::VOLUME_ID_ANNOTATION.to_string(), source.id.clone()),
             (
@@ -694,6 +697,24 @@ impl Backend for MemberBackend {
             values.insert(key, value);
         }
         Ok(values)
+    }
+
+    async fn recover_snapshots(&self) -> CsiResult<Vec<Snapshot>> {
+        let mut found = Vec::new();
+        for (member, cluster) in &self.members {
+            for obj in snapshot::made_by_relay(cluster).await? {
+                match snapshot::recovered(member, &self.driver_name, &obj) {
+                    Ok(snap) => found.push(snap),
+                    Err(why) => tracing::warn!(
+                        member = %member,
+                        volume_snapshot = %obj.metadata.name.as_deref().unwrap_or_default(),
+                        reason = %why,
+                        "member VolumeSnapshot not recovered"
+                    ),
+                }
+            }
+        }
+        Ok(found)
     }
 
     async fn own_attachments(&self) -> CsiResult<Vec<OwnAttachment>> {

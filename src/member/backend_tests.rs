@@ -1511,3 +1511,50 @@ async fn node_secrets_are_read_from_the_member() {
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.to_string().contains("--member west="), "{err}");
 }
+
+// A controller that lost its store gets its snapshots back from the member
+// VolumeSnapshots' own records, taken only where they agree with the object.
+#[tokio::test]
+async fn snapshots_are_recovered_from_member_volume_snapshots() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let snap = snapshot_of(&vol, BTreeMap::new());
+    let mut posted = Value::Null;
+    let (result, ()) = tokio::join!(b.create_snapshot(&snap, &vol), async {
+        source_claim(&mut api, &vol).await;
+        let post = api.expect("POST", SNAPS).await;
+        posted = post.body.clone();
+        let mut ready = post.body.clone();
+        ready["status"] = json!({"readyToUse": true});
+        post.reply(201, ready);
+    });
+    result.unwrap();
+    let mut ready = posted.clone();
+    ready["metadata"]["namespace"] = "relay".into();
+    ready["status"] = json!({"readyToUse": true});
+    // The same record on an object in another namespace: refused.
+    let mut moved = ready.clone();
+    moved["metadata"]["name"] = "relay-snap-moved".into();
+    moved["metadata"]["namespace"] = "elsewhere".into();
+    // No record at all: refused.
+    let mut bare = ready.clone();
+    bare["metadata"]["name"] = "relay-snap-bare".into();
+    bare["metadata"]["annotations"]
+        .as_object_mut()
+        .map(|a| a.remove(naming::SNAPSHOT_RECORD_ANNOTATION));
+    let (found, ()) = tokio::join!(b.recover_snapshots(), async {
+        let list = api
+            .expect("GET", "/apis/snapshot.storage.k8s.io/v1/volumesnapshots")
+            .await;
+        assert!(list.query.contains("labelSelector"), "{}", list.query);
+        list.ok(
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotList",
+                       "metadata": {}, "items": [ready, moved, bare]}),
+        );
+    });
+    let found = found.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let mut want = snap.clone();
+    want.lifecycle = Lifecycle::Ready;
+    assert_eq!(found[0], want);
+}

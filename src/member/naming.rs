@@ -22,6 +22,9 @@ pub const VOLUME_ID_ANNOTATION: &str = "relay.csi.dev/volume-id";
 pub const VOLUME_NAME_ANNOTATION: &str = "relay.csi.dev/volume-name";
 /// Annotation: the snapshot id a member VolumeSnapshot belongs to.
 pub const SNAPSHOT_ID_ANNOTATION: &str = "relay.csi.dev/snapshot-id";
+/// Annotation on a member VolumeSnapshot: the snapshot's record (JSON), from
+/// which a controller that lost its store recovers it.
+pub const SNAPSHOT_RECORD_ANNOTATION: &str = "relay.csi.dev/snapshot-record";
 /// Annotation: the csi-relay driver name that created the object.
 pub const DRIVER_ANNOTATION: &str = "relay.csi.dev/driver";
 /// Label and annotation: the host PVC (from --extra-create-metadata).

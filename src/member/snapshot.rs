@@ -167,3 +167,73 @@ pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult
         )
         .await
 }
+
+/// Every VolumeSnapshot in the member marked as made by csi-relay; a member
+/// without the snapshot API has none.
+pub async fn made_by_relay(cluster: &Cluster) -> CsiResult<Vec<DynamicObject>> {
+    let api: Api<DynamicObject> = Api::all_with(cluster.client(), &resource());
+    let params = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        crate::member::naming::MANAGED_BY,
+        crate::member::naming::MANAGER
+    ));
+    Ok(cluster
+        .fetch("list csi-relay VolumeSnapshots", api.list(&params))
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default())
+}
+
+/// The snapshot record a member VolumeSnapshot carries, taken only as far
+/// as it agrees with the object itself: its id with the id annotation, its
+/// member with `member`, its namespace and claim with the object's, its
+/// source volume with a volume id of that member. Ready iff the member
+/// says it is ready to use.
+pub fn recovered(
+    member: &str,
+    driver_name: &str,
+    obj: &DynamicObject,
+) -> Result<crate::volume::Snapshot, String> {
+    use crate::member::naming;
+    use crate::volume::{Backing, Lifecycle};
+    let annotation = |k: &str| obj.metadata.annotations.as_ref().and_then(|a| a.get(k));
+    if annotation(naming::DRIVER_ANNOTATION).map(String::as_str) != Some(driver_name) {
+        return Err("made by another driver name".into());
+    }
+    let record = annotation(naming::SNAPSHOT_RECORD_ANNOTATION).ok_or("no record")?;
+    let mut snap: crate::volume::Snapshot =
+        serde_json::from_str(record).map_err(|e| format!("record unreadable: {e}"))?;
+    if annotation(naming::SNAPSHOT_ID_ANNOTATION) != Some(&snap.id) {
+        return Err("the record's id is not the object's".into());
+    }
+    crate::validate::id(&snap.id, "snapshot_id").map_err(|e| e.to_string())?;
+    crate::validate::id(&snap.name, "name").map_err(|e| e.to_string())?;
+    let Backing::Member {
+        member: m,
+        namespace,
+        pvc,
+        ..
+    } = &snap.backing
+    else {
+        return Err("not a member snapshot".into());
+    };
+    let source = obj.data["spec"]["source"]["persistentVolumeClaimName"].as_str();
+    if m != member
+        || obj.metadata.namespace.as_ref() != Some(namespace)
+        || source != Some(pvc.as_str())
+        || naming::parse_volume_id(&snap.source_volume_id).map(|(m, _)| m) != Some(member)
+    {
+        return Err(
+            "its member, namespace, claim or source volume disagree with the object".into(),
+        );
+    }
+    if snap.group_snapshot_id.is_some() {
+        return Err("group snapshots are not recovered".into());
+    }
+    snap.lifecycle = if ready(obj) {
+        Lifecycle::Ready
+    } else {
+        Lifecycle::Provisioning
+    };
+    Ok(snap)
+}
