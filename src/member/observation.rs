@@ -63,72 +63,102 @@ fn in_use_name(pv: &PersistentVolume) -> Option<String> {
     None
 }
 
-fn pod_uses(pod: &Pod, claim: &str) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|vs| {
-            vs.iter().any(|v| {
-                v.persistent_volume_claim
-                    .as_ref()
-                    .is_some_and(|c| c.claim_name == claim)
-            })
-        })
-}
-
 fn pod_running(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// The member's attachments, nodes and pods, indexed once per round: each
+/// claim then costs a few lookups instead of a scan of every object.
+#[derive(Default)]
+pub struct View {
+    /// PV name → member nodes it is attached to.
+    attached: HashMap<String, Vec<String>>,
+    /// kubelet's in-use volume name → member nodes that list it.
+    in_use: HashMap<String, Vec<String>>,
+    /// (namespace, claim) → the pods that use it.
+    pods: HashMap<(String, String), Vec<Arc<Pod>>>,
+}
+
+impl View {
+    pub fn new(
+        attachments: &[Arc<VolumeAttachment>],
+        nodes: &[Arc<Node>],
+        pods: &[Arc<Pod>],
+    ) -> Self {
+        let mut view = View::default();
+        for va in attachments {
+            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            if let (true, Some(pv)) = (attached, va.spec.source.persistent_volume_name.as_ref()) {
+                view.attached
+                    .entry(pv.clone())
+                    .or_default()
+                    .push(va.spec.node_name.clone());
+            }
+        }
+        for node in nodes {
+            let Some(name) = node.metadata.name.as_ref() else {
+                continue;
+            };
+            let listed = node.status.as_ref().and_then(|s| s.volumes_in_use.as_ref());
+            for volume in listed.into_iter().flatten() {
+                view.in_use
+                    .entry(volume.clone())
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+        for pod in pods {
+            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            let claims = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+            for v in claims.into_iter().flatten() {
+                if let Some(c) = &v.persistent_volume_claim {
+                    view.pods
+                        .entry((namespace.clone(), c.claim_name.clone()))
+                        .or_default()
+                        .push(pod.clone());
+                }
+            }
+        }
+        view
+    }
 }
 
 /// The member nodes' states for `claim` (bound to `pv`, if known).
 pub fn member_nodes(
     claim: &PersistentVolumeClaim,
     pv: Option<&PersistentVolume>,
-    attachments: &[Arc<VolumeAttachment>],
-    nodes: &[Arc<Node>],
-    pods: &[Arc<Pod>],
+    view: &View,
 ) -> Vec<MemberNodeState> {
-    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
-    let name = claim.metadata.name.as_deref().unwrap_or_default();
-    let pv_name = pv.and_then(|p| p.metadata.name.as_deref());
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let name = claim.metadata.name.clone().unwrap_or_default();
     let mut states: BTreeMap<String, (Phase, BTreeSet<String>)> = BTreeMap::new();
-    fn raise<'a>(
-        states: &'a mut BTreeMap<String, (Phase, BTreeSet<String>)>,
-        node: &str,
-        phase: Phase,
-    ) -> &'a mut (Phase, BTreeSet<String>) {
+    let mut raise = |node: &str, phase: Phase, pod: Option<String>| {
         let entry = states
             .entry(node.to_string())
             .or_insert((phase, BTreeSet::new()));
         entry.0 = entry.0.max(phase);
-        entry
+        entry.1.extend(pod);
+    };
+    let pv_name = pv.and_then(|p| p.metadata.name.as_ref());
+    for node in pv_name
+        .and_then(|n| view.attached.get(n))
+        .into_iter()
+        .flatten()
+    {
+        raise(node, Phase::NodeReady, None);
     }
-    if let Some(pv_name) = pv_name {
-        for va in attachments {
-            let of_pv = va.spec.source.persistent_volume_name.as_deref() == Some(pv_name);
-            let attached = va.status.as_ref().is_some_and(|s| s.attached);
-            if of_pv && attached {
-                raise(&mut states, &va.spec.node_name, Phase::NodeReady);
-            }
-        }
+    let in_use = pv.and_then(in_use_name);
+    for node in in_use
+        .and_then(|n| view.in_use.get(&n))
+        .into_iter()
+        .flatten()
+    {
+        raise(node, Phase::VolReady, None);
     }
-    if let Some(in_use) = pv.and_then(in_use_name) {
-        for node in nodes {
-            let listed = node
-                .status
-                .as_ref()
-                .and_then(|s| s.volumes_in_use.as_ref())
-                .is_some_and(|v| v.contains(&in_use));
-            if let (true, Some(n)) = (listed, node.metadata.name.as_deref()) {
-                raise(&mut states, n, Phase::VolReady);
-            }
-        }
-    }
-    for pod in pods {
-        let here = pod.metadata.namespace.as_deref() == Some(namespace);
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
-        let (true, Some(node)) = (here && pod_uses(pod, name), node) else {
+    let users = view.pods.get(&(namespace.clone(), name));
+    for pod in users.into_iter().flatten() {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
             continue;
         };
         let phase = if pod_running(pod) {
@@ -136,11 +166,8 @@ pub fn member_nodes(
         } else {
             Phase::NodeReady
         };
-        let entry = raise(&mut states, node, phase);
-        entry.1.insert(format!(
-            "{namespace}/{}",
-            pod.metadata.name.as_deref().unwrap_or_default()
-        ));
+        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+        raise(node, phase, Some(format!("{namespace}/{pod_name}")));
     }
     states
         .into_iter()
@@ -243,9 +270,11 @@ pub fn spawn(member: String, watch_client: kube::Client, host: Cluster) {
 /// Computes every relay volume's member nodes and applies those that
 /// changed. Returns whether everything landed.
 async fn publish(member: &str, caches: &Caches, host: &Cluster, written: &mut Written) -> bool {
-    let attachments = caches.attachments.state();
-    let nodes = caches.nodes.state();
-    let pods = caches.pods.state();
+    let view = View::new(
+        &caches.attachments.state(),
+        &caches.nodes.state(),
+        &caches.pods.state(),
+    );
     let mut now: Written = HashMap::new();
     for claim in caches.claims.state() {
         let Some(id) = volume_id_of(&claim) else {
@@ -266,7 +295,7 @@ async fn publish(member: &str, caches: &Caches, host: &Cluster, written: &mut Wr
                         })
                 })
         });
-        let entries = member_nodes(&claim, pv.as_deref(), &attachments, &nodes, &pods)
+        let entries = member_nodes(&claim, pv.as_deref(), &view)
             .into_iter()
             .map(|s| RelayNodeStatus {
                 node: entry_key(member, &s.node),
@@ -371,7 +400,7 @@ mod tests {
             }))
         };
         let state = |vas: &[Arc<VolumeAttachment>], nodes: &[Arc<Node>], pods: &[Arc<Pod>]| {
-            member_nodes(&claim, Some(&pv), vas, nodes, pods)
+            member_nodes(&claim, Some(&pv), &View::new(vas, nodes, pods))
                 .into_iter()
                 .map(|s| (s.node, s.phase, s.pods))
                 .collect::<Vec<_>>()
