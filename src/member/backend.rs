@@ -591,9 +591,8 @@ impl Backend for MemberBackend {
         let Some(host) = &self.host else {
             return Ok(Vec::new());
         };
-        let pvs =
-            kube::api::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(host.client());
-        let mut found = Vec::new();
+        // Claims of this driver that name a host PV, per member.
+        let mut candidates = Vec::new();
         for (member, cluster) in &self.members {
             let claims = match pvc::made_by(cluster, &self.driver_name).await {
                 Ok(c) => c,
@@ -609,31 +608,45 @@ impl Backend for MemberBackend {
                 ) else {
                     continue;
                 };
-                if claim.metadata.deletion_timestamp.is_some()
-                    || naming::parse_volume_id(id).map(|(m, _)| m) != Some(member.as_str())
+                if claim.metadata.deletion_timestamp.is_none()
+                    && naming::parse_volume_id(id).map(|(m, _)| m) == Some(member.as_str())
                 {
-                    continue;
-                }
-                let gone = host
-                    .fetch(&format!("get PersistentVolume {host_pv}"), pvs.get(host_pv))
-                    .await?
-                    .is_none();
-                if gone {
-                    found.push(StoredData {
-                        kind: DataKind::Volume,
-                        id: id.to_string(),
-                        path: format!(
-                            "{member}/{}/{}",
-                            claim.metadata.namespace.as_deref().unwrap_or_default(),
-                            claim.metadata.name.as_deref().unwrap_or_default()
-                        )
-                        .into(),
-                        temporary: false,
-                    });
+                    let path = format!(
+                        "{member}/{}/{}",
+                        claim.metadata.namespace.as_deref().unwrap_or_default(),
+                        claim.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    candidates.push((id.to_string(), host_pv.to_string(), path));
                 }
             }
         }
-        Ok(found)
+        if candidates.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One metadata-only list of the host's PVs per sweep, not a read
+        // per claim.
+        let pvs =
+            kube::api::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(host.client());
+        let present: std::collections::HashSet<String> = host
+            .run(
+                "list PersistentVolumes",
+                pvs.list_metadata(&kube::api::ListParams::default()),
+            )
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|pv| pv.metadata.name)
+            .collect();
+        Ok(candidates
+            .into_iter()
+            .filter(|(_, host_pv, _)| !present.contains(host_pv))
+            .map(|(id, _, path)| StoredData {
+                kind: DataKind::Volume,
+                id,
+                path: path.into(),
+                temporary: false,
+            })
+            .collect())
     }
 
     async fn remove_data(&self, data: &StoredData) -> CsiResult<()> {

@@ -1452,12 +1452,13 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
             );
         },
         async {
-            host.expect("GET", "/api/v1/persistentvolumes/pv-present")
+            // One list of the host's PVs, not a read per claim.
+            host.expect("GET", "/api/v1/persistentvolumes")
                 .await
-                .ok(json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-present"}}));
-            host.expect("GET", "/api/v1/persistentvolumes/pv-gone")
-                .await
-                .not_found();
+                .ok(json!({
+                "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
+                "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                           "metadata": {"name": "pv-present"}}]}));
         }
     );
     let found = found.unwrap();
