@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use common::req::snw;
 use csi_relay::csi;
-use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use tonic::Code;
 
-use e2e_support::eventually;
+use e2e_support::{eventually, map_host_node, publish_request, relay_made, until_ok};
 
 const ROUNDS: u64 = 20;
 
@@ -33,43 +33,6 @@ fn create_request(name: &str, env: &e2e_support::Env) -> csi::CreateVolumeReques
     req
 }
 
-/// What the CO does until it gets an answer: retry what is retryable.
-async fn until_ok<T, F, Fut>(what: &str, mut call: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
-{
-    eventually(what, Duration::from_secs(120), || {
-        let attempt = call();
-        async move {
-            match attempt.await {
-                Ok(v) => Some(v),
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        Code::Unavailable | Code::Aborted | Code::DeadlineExceeded
-                    ) =>
-                {
-                    None
-                }
-                Err(s) => panic!("{s:?}"),
-            }
-        }
-    })
-    .await
-}
-
-fn relay_made(vas: &[VolumeAttachment]) -> Vec<String> {
-    vas.iter()
-        .filter(|va| {
-            va.metadata.labels.as_ref().is_some_and(|l| {
-                l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("csi-relay")
-            })
-        })
-        .filter_map(|va| va.metadata.name.clone())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_after() {
     let Some(env) = e2e_support::env() else {
@@ -80,15 +43,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
     let member = e2e_support::client(&env.member_kubeconfig).await;
     e2e_support::install_crd(&host).await;
     let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
-    let host_nodes: Api<Node> = Api::all(host.clone());
-    let labels = serde_json::json!({"metadata": {"labels": {
-        "topology.relay.csi.dev/member": "e2e",
-        "topology.relay.csi.dev/member-node": "member-node-1",
-    }}});
-    host_nodes
-        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&labels))
-        .await
-        .expect("label host node");
+    map_host_node(&host, &host_node, Some("member-node-1")).await;
     let member_arg = format!("e2e={}", env.member_kubeconfig);
     let mut d = common::Driver::start_as(
         "controller",
@@ -125,13 +80,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
                 return;
             };
             for _ in 0..50 {
-                let publish = csi::ControllerPublishVolumeRequest {
-                    volume_id: vol.volume_id.clone(),
-                    node_id: node.clone(),
-                    volume_capability: Some(snw()),
-                    volume_context: vol.volume_context.clone(),
-                    ..Default::default()
-                };
+                let publish = publish_request(&vol, &node, snw());
                 match c.controller_publish_volume(publish).await {
                     Ok(_) => return,
                     Err(s) if s.code() == Code::Unavailable => {
@@ -184,13 +133,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
         );
         until_ok("ControllerPublishVolume retry", || {
             let mut c = c.clone();
-            let req = csi::ControllerPublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: host_node.clone(),
-                volume_capability: Some(snw()),
-                volume_context: vol.volume_context.clone(),
-                ..Default::default()
-            };
+            let req = publish_request(&vol, &host_node, snw());
             async move { c.controller_publish_volume(req).await }
         })
         .await;
@@ -252,12 +195,6 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
         },
     )
     .await;
-    let unlabel = serde_json::json!({"metadata": {"labels": {
-        "topology.relay.csi.dev/member": null,
-        "topology.relay.csi.dev/member-node": null,
-    }}});
-    let _ = host_nodes
-        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&unlabel))
-        .await;
+    map_host_node(&host, &host_node, None).await;
     d.stop_gracefully().await;
 }

@@ -21,9 +21,8 @@ use csi_relay::member::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use tonic::Code;
 
-use e2e_support::{client, env, eventually};
+use e2e_support::{client, env, eventually, map_host_node, publish_request, until_ok};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_volume_lifecycle_on_real_clusters() {
@@ -62,14 +61,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
             .clone()
             .expect("host node name"),
     };
-    let labels = serde_json::json!({"metadata": {"labels": {
-        "topology.relay.csi.dev/member": "e2e",
-        "topology.relay.csi.dev/member-node": member_node,
-    }}});
-    host_nodes
-        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&labels))
-        .await
-        .expect("label host node");
+    map_host_node(&host, &host_node, Some(&member_node)).await;
 
     // kubelet's plugins dir as the relay sees it: the member driver's node
     // plugin socket at <dir>/<driver>/csi.sock.
@@ -203,28 +195,16 @@ async fn member_volume_lifecycle_on_real_clusters() {
     }
 
     // ControllerPublish retries (UNAVAILABLE) until the member PVC binds.
-    let published = eventually(
+    let published = until_ok(
         "member PVC to bind and ControllerPublish to succeed",
-        Duration::from_secs(300),
         || {
             let mut c = d.controller();
-            let req = csi::ControllerPublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: host_node.clone(),
-                volume_capability: Some(snw()),
-                volume_context: vol.volume_context.clone(),
-                ..Default::default()
-            };
-            async move {
-                match c.controller_publish_volume(req).await {
-                    Ok(r) => Some(r.into_inner()),
-                    Err(s) if s.code() == Code::Unavailable || s.code() == Code::Aborted => None,
-                    Err(s) => panic!("ControllerPublishVolume: {s:?}"),
-                }
-            }
+            let req = publish_request(&vol, &host_node, snw());
+            async move { c.controller_publish_volume(req).await }
         },
     )
-    .await;
+    .await
+    .into_inner();
     let bound = pvcs.get(&pvc_name).await.unwrap();
     assert_eq!(bound.status.and_then(|s| s.phase).as_deref(), Some("Bound"));
     wait_phase("NODE_READY").await;
@@ -364,19 +344,13 @@ async fn member_volume_lifecycle_on_real_clusters() {
     .await;
     // As the provisioner does: ABORTED (housekeeping is busy with the
     // volume) is retried.
-    eventually("DeleteVolume", Duration::from_secs(30), || {
+    until_ok("DeleteVolume", || {
         let mut c = d.controller();
         let req = csi::DeleteVolumeRequest {
             volume_id: vol.volume_id.clone(),
             ..Default::default()
         };
-        async move {
-            match c.delete_volume(req).await {
-                Ok(_) => Some(()),
-                Err(s) if s.code() == Code::Aborted => None,
-                Err(s) => panic!("DeleteVolume: {s:?}"),
-            }
-        }
+        async move { c.delete_volume(req).await }
     })
     .await;
     eventually("member PVC deletion", Duration::from_secs(120), || {
@@ -398,13 +372,6 @@ async fn member_volume_lifecycle_on_real_clusters() {
         async move { relay.get_opt(&rv_name).await.ok()?.is_none().then_some(()) }
     })
     .await;
-    let unlabel = serde_json::json!({"metadata": {"labels": {
-        "topology.relay.csi.dev/member": null,
-        "topology.relay.csi.dev/member-node": null,
-    }}});
-    host_nodes
-        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&unlabel))
-        .await
-        .unwrap();
+    map_host_node(&host, &host_node, None).await;
     d.stop_gracefully().await;
 }

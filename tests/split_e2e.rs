@@ -13,10 +13,9 @@ use common::req::snw;
 use csi_relay::csi;
 use csi_relay::member::relay_volume::object_name;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams, Patch, PatchParams};
-use tonic::Code;
+use kube::api::{Api, ListParams};
 
-use e2e_support::{client, env, eventually, wait_phase};
+use e2e_support::{client, env, eventually, map_host_node, publish_request, until_ok, wait_phase};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_controller_and_node_walk_every_phase_and_back() {
@@ -42,15 +41,7 @@ async fn split_controller_and_node_walk_every_phase_and_back() {
         .clone()
         .expect("member node name");
     let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
-    let host_nodes: Api<Node> = Api::all(host.clone());
-    let labels = serde_json::json!({"metadata": {"labels": {
-        "topology.relay.csi.dev/member": "e2e",
-        "topology.relay.csi.dev/member-node": member_node,
-    }}});
-    host_nodes
-        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&labels))
-        .await
-        .expect("label host node");
+    map_host_node(&host, &host_node, Some(&member_node)).await;
 
     let member_arg = format!("e2e={}", env.member_kubeconfig);
     let controller = common::Driver::start_as(
@@ -112,28 +103,14 @@ async fn split_controller_and_node_walk_every_phase_and_back() {
     let rv = object_name(&vol.volume_id);
     wait_phase(&host, &rv, "CREATED").await;
 
-    let published = eventually(
-        "the member PVC to bind and ControllerPublish to succeed",
-        Duration::from_secs(120),
-        || {
-            let mut c = controller.controller();
-            let req = csi::ControllerPublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: host_node.clone(),
-                volume_capability: Some(snw()),
-                volume_context: vol.volume_context.clone(),
-                ..Default::default()
-            };
-            async move {
-                match c.controller_publish_volume(req).await {
-                    Ok(r) => Some(r.into_inner()),
-                    Err(s) if s.code() == Code::Unavailable || s.code() == Code::Aborted => None,
-                    Err(s) => panic!("ControllerPublishVolume: {s:?}"),
-                }
-            }
-        },
-    )
-    .await;
+    // UNAVAILABLE until the member PVC binds; the attacher retries.
+    let published = until_ok("ControllerPublishVolume", || {
+        let mut c = controller.controller();
+        let req = publish_request(&vol, &host_node, snw());
+        async move { c.controller_publish_volume(req).await }
+    })
+    .await
+    .into_inner();
     wait_phase(&host, &rv, "NODE_READY").await;
 
     let staging = node.path("staging");
@@ -200,11 +177,5 @@ async fn split_controller_and_node_walk_every_phase_and_back() {
         async move { relay.get_opt(&rv).await.ok()?.is_none().then_some(()) }
     })
     .await;
-    let unlabel = serde_json::json!({"metadata": {"labels": {
-        "topology.relay.csi.dev/member": null,
-        "topology.relay.csi.dev/member-node": null,
-    }}});
-    let _ = host_nodes
-        .patch(&host_node, &PatchParams::default(), &Patch::Merge(&unlabel))
-        .await;
+    map_host_node(&host, &host_node, None).await;
 }

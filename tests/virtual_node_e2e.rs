@@ -31,7 +31,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
 
-use e2e_support::{client, eventually, phase as rv_phase};
+use e2e_support::{attached_va, client, eventually, phase as rv_phase, relay_made};
 
 const DRIVER: &str = "relay.csi.dev";
 
@@ -323,40 +323,10 @@ async fn flow(
         .await
         .expect("host pod");
     let host_vas: Api<VolumeAttachment> = Api::all(host.clone());
-    let pv_for_va = host_pv.clone();
-    let host_va = eventually(
-        "the host VolumeAttachment to attach",
-        Duration::from_secs(90),
-        || {
-            let (host_vas, pv) = (host_vas.clone(), pv_for_va.clone());
-            async move {
-                host_vas
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .find(|va| {
-                        va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
-                            && va.status.as_ref().is_some_and(|s| s.attached)
-                    })
-                    .and_then(|va| va.metadata.name)
-            }
-        },
-    )
-    .await;
+    let host_va = attached_va("the host VolumeAttachment to attach", &host_vas, &host_pv).await;
     let member_vas: Api<VolumeAttachment> = Api::all(member.clone());
-    let relay_made = |vas: &[VolumeAttachment]| {
-        vas.iter()
-            .filter(|va| {
-                va.metadata.labels.as_ref().is_some_and(|l| {
-                    l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("csi-relay")
-                })
-            })
-            .count()
-    };
     assert_eq!(
-        relay_made(&member_vas.list(&ListParams::default()).await.unwrap().items),
+        relay_made(&member_vas.list(&ListParams::default()).await.unwrap().items).len(),
         0,
         "no relay-made member attachment for a whole-cluster virtual node"
     );
@@ -406,26 +376,7 @@ async fn flow(
         .and_then(|s| s.csi)
         .map(|c| (c.driver, c.volume_handle))
         .expect("member CSI PV");
-    let member_va = eventually(
-        "the member's own attachment",
-        Duration::from_secs(90),
-        || {
-            let (vas, pv) = (member_vas.clone(), member_pv.clone());
-            async move {
-                vas.list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .find(|va| {
-                        va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
-                            && va.status.as_ref().is_some_and(|s| s.attached)
-                    })
-                    .and_then(|va| va.metadata.name)
-            }
-        },
-    )
-    .await;
+    let member_va = attached_va("the member's own attachment", &member_vas, &member_pv).await;
     let entry = format!("e2e/{member_node}");
     let has_entry = |want: &'static str| {
         let entry = entry.clone();

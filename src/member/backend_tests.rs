@@ -1477,6 +1477,13 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
         del.ok(claim("gone", gone_id, Some("pv-gone"), "relay.csi.dev"));
     });
     removed.unwrap();
+    // An entry that names no member claim is refused, not guessed at.
+    let mut junk = found[0].clone();
+    junk.path = "no-slashes".into();
+    assert_eq!(
+        b.remove_data(&junk).await.unwrap_err().code(),
+        Code::Internal
+    );
 }
 
 // A member driver's node Secret, read by a node plugin with a member
@@ -1543,6 +1550,10 @@ async fn snapshots_are_recovered_from_member_volume_snapshots() {
     bare["metadata"]["annotations"]
         .as_object_mut()
         .map(|a| a.remove(naming::SNAPSHOT_RECORD_ANNOTATION));
+    // Made under another driver name: not ours to recover.
+    let mut foreign = ready.clone();
+    foreign["metadata"]["name"] = "relay-snap-foreign".into();
+    foreign["metadata"]["annotations"][naming::DRIVER_ANNOTATION] = "other.csi.dev".into();
     let (found, ()) = tokio::join!(b.recover_snapshots(), async {
         let list = api
             .expect("GET", "/apis/snapshot.storage.k8s.io/v1/volumesnapshots")

@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 
 use crate::member::cluster::Cluster;
 use crate::member::naming;
-use crate::member::relay_volume::{object_name, RelayNodeStatus, GROUP, VERSION};
+use crate::member::relay_volume::{apply_body, object_name, RelayNodeStatus};
 use crate::member::FIELD_MANAGER;
 use crate::volume::Phase;
 
@@ -313,24 +313,15 @@ async fn publish(member: &str, caches: &Caches, host: &Cluster, written: &mut Wr
             now.insert(id.clone(), Vec::new());
         }
     }
+    // Member names are at most 40 characters: well within the API's 128.
     let manager = format!("{FIELD_MANAGER}-member-{member}");
-    let manager = if manager.len() <= 128 {
-        manager
-    } else {
-        format!("{FIELD_MANAGER}-member-{:016x}", naming::fnv64(member))
-    };
     let mut all_landed = true;
     for (id, entries) in now {
         if written.get(&id) == Some(&entries) {
             continue;
         }
         let name = object_name(&id);
-        let body = serde_json::json!({
-            "apiVersion": format!("{GROUP}/{VERSION}"),
-            "kind": "RelayVolume",
-            "metadata": {"name": name},
-            "status": {"nodes": entries},
-        });
+        let body = apply_body(&name, "status", serde_json::json!({ "nodes": entries }));
         let api = Api::<crate::member::relay_volume::RelayVolume>::all(host.client());
         let params = PatchParams::apply(&manager).force();
         let result = host

@@ -339,7 +339,8 @@ fn encode<T: Serialize>(value: &T) -> CsiResult<serde_json::Value> {
     serde_json::to_value(value).map_err(|e| CsiError::Internal(format!("encode RelayVolume: {e}")))
 }
 
-fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_json::Value {
+/// A server-side apply body setting `field` of RelayVolume `name`.
+pub fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": "RelayVolume",

@@ -87,3 +87,99 @@ pub async fn wait_phase(host: &Client, name: &str, want: &str) {
     )
     .await
 }
+
+/// What the CO does until it gets an answer: retry what is retryable
+/// (UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED); anything else fails the test.
+pub async fn until_ok<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    use tonic::Code;
+    eventually(what, Duration::from_secs(300), || {
+        let attempt = call();
+        async move {
+            match attempt.await {
+                Ok(v) => Some(v),
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        Code::Unavailable | Code::Aborted | Code::DeadlineExceeded
+                    ) =>
+                {
+                    None
+                }
+                Err(s) => panic!("{what}: {s:?}"),
+            }
+        }
+    })
+    .await
+}
+
+/// Maps host node `node` to `member_node` of member "e2e" (the labels the
+/// registrar or an admin would set); `None` removes the mapping.
+pub async fn map_host_node(host: &Client, node: &str, member_node: Option<&str>) {
+    let (member, member_node) = match member_node {
+        Some(n) => (Some("e2e"), Some(n)),
+        None => (None, None),
+    };
+    let labels = serde_json::json!({"metadata": {"labels": {
+        "topology.relay.csi.dev/member": member,
+        "topology.relay.csi.dev/member-node": member_node,
+    }}});
+    Api::<k8s_openapi::api::core::v1::Node>::all(host.clone())
+        .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
+        .await
+        .expect("label the host node");
+}
+
+/// The ControllerPublishVolume request the attacher sends for `vol`.
+pub fn publish_request(
+    vol: &csi_relay::csi::Volume,
+    node: &str,
+    cap: csi_relay::csi::VolumeCapability,
+) -> csi_relay::csi::ControllerPublishVolumeRequest {
+    csi_relay::csi::ControllerPublishVolumeRequest {
+        volume_id: vol.volume_id.clone(),
+        node_id: node.to_string(),
+        volume_capability: Some(cap),
+        volume_context: vol.volume_context.clone(),
+        ..Default::default()
+    }
+}
+
+/// Names of the VolumeAttachments in `vas` that csi-relay made.
+pub fn relay_made(vas: &[k8s_openapi::api::storage::v1::VolumeAttachment]) -> Vec<String> {
+    vas.iter()
+        .filter(|va| {
+            va.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("csi-relay")
+            })
+        })
+        .filter_map(|va| va.metadata.name.clone())
+        .collect()
+}
+
+/// Waits until a VolumeAttachment of PV `pv` is attached; returns its name.
+pub async fn attached_va(
+    what: &str,
+    api: &Api<k8s_openapi::api::storage::v1::VolumeAttachment>,
+    pv: &str,
+) -> String {
+    eventually(what, Duration::from_secs(90), || {
+        let (api, pv) = (api.clone(), pv.to_string());
+        async move {
+            api.list(&kube::api::ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|va| {
+                    va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
+                        && va.status.as_ref().is_some_and(|s| s.attached)
+                })
+                .and_then(|va| va.metadata.name)
+        }
+    })
+    .await
+}
