@@ -1,47 +1,47 @@
-//! Group commit: concurrent writers share one transaction and one fsync.
+//! Group commit: concurrent writers share one transaction and one sync.
 //!
-//! redb has one writer at a time and every durable commit costs an fsync,
-//! so N concurrent calls used to pay N fsyncs one after the other. Here the
-//! first writer to arrive becomes the leader: it takes every change queued
-//! so far, applies them all in one transaction and commits once; the others
-//! wait for its result, and whoever queued meanwhile leads the next round.
-//! A lone writer leads at once, so one client pays no extra hop or wait.
+//! Every durable commit costs a sync of the disk, so N concurrent calls
+//! would pay N syncs one after the other. Here the first writer to arrive
+//! becomes the leader: it takes every change queued so far, has them all
+//! applied and synced once (by the store's `Round`), and the others wait
+//! for its result; whoever queued meanwhile leads the next round. A lone
+//! writer leads at once, so one client pays no extra hop or wait.
 //!
 //! A change must fail, if it fails, before it writes anything (check, then
 //! write): the transaction is shared, so a change cannot be rolled back
 //! alone. A failed commit fails every change in the round.
 
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
-
-use redb::{Database, Durability, WriteTransaction};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 use crate::store::{StoreError, StoreResult};
 
-/// One change to apply inside the shared transaction.
-pub type Change = Box<dyn FnOnce(&WriteTransaction) -> StoreResult<()> + Send>;
+/// What applies one round: the changes (`None` asks only for a sync of
+/// what earlier rounds left unsynced) and whether any must be durable.
+pub trait Round<C>: Send + Sync {
+    fn run(&self, changes: Vec<Option<C>>, durable: bool) -> Vec<StoreResult<()>>;
+}
 
-struct Queued {
+struct Queued<C> {
     ticket: u64,
-    change: Change,
+    change: Option<C>,
     durable: bool,
 }
 
-#[derive(Default)]
-struct State {
+struct State<C> {
     next_ticket: u64,
-    queue: Vec<Queued>,
+    queue: Vec<Queued<C>>,
     leading: bool,
     results: HashMap<u64, StoreResult<()>>,
     /// A lazy round committed since the last durable one.
     dirty: bool,
 }
 
-#[derive(Default)]
-pub struct GroupCommit {
-    state: Mutex<State>,
+pub struct GroupCommit<C> {
+    state: Mutex<State<C>>,
     done: Condvar,
     rounds: std::sync::atomic::AtomicU64,
+    round: Box<dyn Round<C>>,
     /// Told when a lazy round leaves changes that are not yet durable.
     flusher: Mutex<Option<std::sync::mpsc::SyncSender<()>>>,
 }
@@ -53,27 +53,40 @@ pub const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(50
 /// Largest number of changes one transaction takes.
 const MAX_ROUND: usize = 256;
 
-impl GroupCommit {
+impl<C: Send + 'static> GroupCommit<C> {
+    pub fn new(round: Box<dyn Round<C>>) -> Self {
+        GroupCommit {
+            state: Mutex::new(State {
+                next_ticket: 0,
+                queue: Vec::new(),
+                leading: false,
+                results: HashMap::new(),
+                dirty: false,
+            }),
+            done: Condvar::new(),
+            rounds: Default::default(),
+            round,
+            flusher: Mutex::new(None),
+        }
+    }
+
     /// Starts the thread that makes lazy changes durable `FLUSH_AFTER`
     /// after they were committed, unless a durable commit did it before.
     /// It holds no strong reference: it ends with the store.
-    pub fn start_flusher(self: &std::sync::Arc<Self>, db: &std::sync::Arc<Database>) {
+    pub fn start_flusher(self: &Arc<Self>) {
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         *self.flusher.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
-        let (me, db) = (
-            std::sync::Arc::downgrade(self),
-            std::sync::Arc::downgrade(db),
-        );
+        let me: Weak<Self> = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("store-flusher".into())
             .spawn(move || {
                 while rx.recv().is_ok() {
                     std::thread::sleep(FLUSH_AFTER);
-                    let (Some(me), Some(db)) = (me.upgrade(), db.upgrade()) else {
+                    let Some(me) = me.upgrade() else {
                         return;
                     };
                     if me.lock().dirty {
-                        if let Err(e) = me.flush(&db) {
+                        if let Err(e) = me.flush() {
                             tracing::error!(error = %e, "cannot make lazy store changes durable");
                         }
                     }
@@ -85,8 +98,8 @@ impl GroupCommit {
     }
 
     /// Makes every change committed so far durable.
-    pub fn flush(&self, db: &Database) -> StoreResult<()> {
-        self.submit(db, Box::new(|_| Ok(())), true)
+    pub fn flush(&self) -> StoreResult<()> {
+        self.enqueue(None, true)
     }
 
     fn wake_flusher(&self) {
@@ -105,16 +118,20 @@ impl GroupCommit {
         self.rounds.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    fn lock(&self) -> MutexGuard<'_, State<C>> {
         // A panicking change cannot leave the state half-updated (it runs
         // outside the lock), so a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies `change` in a (possibly shared) transaction and returns once
-    /// it is committed: durably (fsynced) when `durable`, otherwise only
-    /// made visible, to be persisted by the next durable commit.
-    pub fn submit(&self, db: &Database, change: Change, durable: bool) -> StoreResult<()> {
+    /// Applies `change` in a (possibly shared) round and returns once it
+    /// is committed: durably when `durable`, otherwise only made visible,
+    /// to be persisted by the next durable round.
+    pub fn submit(&self, change: C, durable: bool) -> StoreResult<()> {
+        self.enqueue(Some(change), durable)
+    }
+
+    fn enqueue(&self, change: Option<C>, durable: bool) -> StoreResult<()> {
         let mut st = self.lock();
         let ticket = st.next_ticket;
         st.next_ticket += 1;
@@ -130,33 +147,40 @@ impl GroupCommit {
             if !st.leading {
                 st.leading = true;
                 let take = st.queue.len().min(MAX_ROUND);
-                let round: Vec<Queued> = st.queue.drain(..take).collect();
+                let round: Vec<Queued<C>> = st.queue.drain(..take).collect();
                 drop(st);
                 self.rounds
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let durable = round.iter().any(|q| q.durable);
                 let tickets: Vec<u64> = round.iter().map(|q| q.ticket).collect();
+                let changes: Vec<Option<C>> = round.into_iter().map(|q| q.change).collect();
                 // A panicking change must not leave `leading` set for ever
                 // (every writer would wait): its round fails instead.
-                let results =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_round(db, round)))
-                        .unwrap_or_else(|_| {
-                            tickets
-                                .into_iter()
-                                .map(|t| {
-                                    (t, Err(StoreError::Worker("a store change panicked".into())))
-                                })
-                                .collect()
-                        });
+                let results = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.round.run(changes, durable)
+                }))
+                .unwrap_or_else(|_| {
+                    tickets
+                        .iter()
+                        .map(|_| Err(StoreError::Worker("a store change panicked".into())))
+                        .collect()
+                });
                 st = self.lock();
                 st.leading = false;
-                if durable {
+                let failed = results.iter().any(|r| r.is_err());
+                if durable && !failed {
                     st.dirty = false;
                 } else if !st.dirty {
                     st.dirty = true;
                     self.wake_flusher();
                 }
-                st.results.extend(results);
+                let mut results = results.into_iter();
+                for t in tickets {
+                    let r = results
+                        .next()
+                        .unwrap_or_else(|| Err(StoreError::Worker("round lost a result".into())));
+                    st.results.insert(t, r);
+                }
                 self.done.notify_all();
                 continue;
             }
@@ -165,90 +189,63 @@ impl GroupCommit {
     }
 }
 
-fn run_round(db: &Database, round: Vec<Queued>) -> Vec<(u64, StoreResult<()>)> {
-    let tickets: Vec<u64> = round.iter().map(|q| q.ticket).collect();
-    let durable = round.iter().any(|q| q.durable);
-    let txn = match begin(db, durable) {
-        Ok(t) => t,
-        Err(e) => {
-            let msg = e.to_string();
-            return tickets
-                .into_iter()
-                .map(|t| (t, Err(StoreError::Worker(msg.clone()))))
-                .collect();
-        }
-    };
-    let mut results = Vec::with_capacity(round.len());
-    for q in round {
-        match (q.change)(&txn) {
-            // A refusal is decided before the change writes anything.
-            Err(refused @ StoreError::AttachLimit { .. }) => results.push((q.ticket, Err(refused))),
-            Err(e) => {
-                // Anything else may have left a partial write: nothing of
-                // this round is committed.
-                let msg = format!("transaction abandoned: {e}");
-                let _ = txn.abort();
-                return tickets
-                    .into_iter()
-                    .map(|t| (t, Err(StoreError::Worker(msg.clone()))))
-                    .collect();
-            }
-            Ok(()) => results.push((q.ticket, Ok(()))),
-        }
-    }
-    if let Err(e) = txn.commit() {
-        let msg = format!("commit failed: {e}");
-        return tickets
-            .into_iter()
-            .map(|t| (t, Err(StoreError::Worker(msg.clone()))))
-            .collect();
-    }
-    results
-}
-
-fn begin(db: &Database, durable: bool) -> StoreResult<WriteTransaction> {
-    let mut txn = db.begin_write()?;
-    if !durable {
-        txn.set_durability(Durability::None)
-            .map_err(|e| StoreError::Worker(e.to_string()))?;
-    }
-    Ok(txn)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redb::ReadableDatabase;
 
-    const T: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("t");
+    /// Applies numbers to a list; 0 panics, like a bug in a change.
+    #[derive(Default)]
+    struct Numbers(Arc<Mutex<Vec<(u32, bool)>>>);
+
+    impl Round<u32> for Numbers {
+        fn run(&self, changes: Vec<Option<u32>>, durable: bool) -> Vec<StoreResult<()>> {
+            let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            changes
+                .into_iter()
+                .map(|c| {
+                    if c == Some(0) {
+                        panic!("a bug");
+                    }
+                    if let Some(n) = c {
+                        seen.push((n, durable));
+                    }
+                    Ok(())
+                })
+                .collect()
+        }
+    }
 
     #[test]
-    fn a_failing_or_panicking_change_fails_its_round_and_the_next_one_runs() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = Database::create(dir.path().join("db")).unwrap();
-        let gc = GroupCommit::default();
-        let panicked = gc.submit(&db, Box::new(|_| panic!("a bug")), true);
+    fn a_panicking_change_fails_its_round_and_the_next_one_runs() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let gc = GroupCommit::new(Box::new(Numbers(seen.clone())));
+        let panicked = gc.submit(0, true);
         assert!(
             matches!(panicked, Err(StoreError::Worker(_))),
             "{panicked:?}"
         );
-        gc.submit(
-            &db,
-            Box::new(|txn| {
-                txn.open_table(T)?.insert("k", 1)?;
-                Ok(())
-            }),
-            true,
-        )
-        .unwrap();
-        let read = db.begin_read().unwrap();
-        let v = read
-            .open_table(T)
-            .unwrap()
-            .get("k")
-            .unwrap()
-            .map(|v| v.value());
-        assert_eq!(v, Some(1));
-        assert_eq!(gc.rounds(), 2);
+        gc.submit(7, false).unwrap();
+        gc.flush().unwrap();
+        assert_eq!(*seen.lock().unwrap_or_else(|p| p.into_inner()), vec![(7, false)]);
+        assert_eq!(gc.rounds(), 3);
+    }
+
+    #[test]
+    fn concurrent_writers_share_rounds() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let gc = Arc::new(GroupCommit::new(Box::new(Numbers(seen.clone()))));
+        let writers: Vec<_> = (1..=64)
+            .map(|n| {
+                let gc = gc.clone();
+                std::thread::spawn(move || gc.submit(n, true))
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap().unwrap();
+        }
+        let mut got: Vec<u32> = seen.lock().unwrap().iter().map(|(n, _)| *n).collect();
+        got.sort_unstable();
+        assert_eq!(got, (1..=64).collect::<Vec<_>>());
+        assert!(gc.rounds() <= 64);
     }
 }

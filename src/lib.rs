@@ -30,3 +30,4 @@ pub mod state;
 pub mod store;
 pub mod validate;
 pub mod volume;
+pub mod wal;

@@ -1,15 +1,19 @@
 //! Durable driver state in an embedded transactional store (redb): volume,
 //! snapshot and group-snapshot records plus the indexes that keep every call
-//! O(log n) in the number of volumes. Each `put_*` / `remove_*` is one
-//! fsynced transaction: when it returns, the change survives a crash.
+//! O(log n) in the number of volumes. Each `put_*` / `remove_*` is durable
+//! when it returns: the change is applied to redb without a sync and written
+//! to the write-ahead log (`wal`), which one `fdatasync` makes durable and
+//! start-up replays over redb's last checkpoint.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{de::DeserializeOwned, Serialize};
 
+use crate::group_commit::{GroupCommit, Round};
 use crate::volume::{GroupSnapshot, Snapshot, Volume};
+use crate::wal::Wal;
 
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 const VOLUME_NAMES: TableDefinition<&str, &str> = TableDefinition::new("volume_names");
@@ -84,7 +88,55 @@ pub struct Page<T> {
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
-    commits: Arc<crate::group_commit::GroupCommit>,
+    commits: Arc<GroupCommit<Change>>,
+    journal: Arc<Journal>,
+}
+
+/// One logged change: what replay applies again after a crash.
+#[derive(Serialize, serde::Deserialize)]
+enum Op {
+    PutVolume(Box<Volume>),
+    RemoveVolume(String),
+    PutSnapshot(Box<Snapshot>),
+    RemoveSnapshot(String),
+    PutGroup(Box<GroupSnapshot>),
+    RemoveGroup(String),
+    /// Moves undecodable records of `table` aside.
+    Quarantine { table: String, ids: Vec<String> },
+}
+
+/// A change as submitted: the op, and for a ControllerPublish the attach
+/// limit it must respect (checked when it is first applied, not at replay:
+/// it was within the limit then).
+struct Change {
+    op: Op,
+    limit: Option<(String, u64)>,
+}
+
+/// Bytes of write-ahead log between checkpoints: a few hundred full
+/// lifecycles' worth of records, and zero-filled once per store.
+const WAL_BYTES: u64 = 2 << 20;
+/// Rounds between checkpoints at most: redb reclaims the pages that
+/// unsynced commits free only at a durable commit, so its file would grow
+/// with their number.
+const CHECKPOINT_ROUNDS: u64 = 1024;
+/// In COUNTERS: the last log record the durable redb state includes.
+const WAL_CHECKPOINT: &str = "wal/checkpoint";
+
+/// The leader's side of the group commit: applies a round to redb, logs it
+/// and syncs the log; every so often commits redb durably instead (a
+/// checkpoint) and starts the log again.
+struct Journal {
+    db: Arc<Database>,
+    log: Mutex<Log>,
+}
+
+struct Log {
+    wal: Wal,
+    rounds_since_checkpoint: u64,
+    /// A log write or sync failed: what reached the disk is unknown, so
+    /// nothing more is accepted until a restart replays the log.
+    failed: Option<String>,
 }
 
 fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> StoreResult<T> {
@@ -117,7 +169,7 @@ impl Store {
             .set_cache_size(CACHE_BYTES)
             .create(dir.join("state.redb"))?;
         let txn = db.begin_write()?;
-        {
+        let wal = {
             // Create every table up front so readers never meet a missing one.
             txn.open_table(VOLUMES)?;
             txn.open_table(VOLUME_NAMES)?;
@@ -130,21 +182,42 @@ impl Store {
             txn.open_table(COUNTERS)?;
             txn.open_table(QUARANTINE)?;
             txn.open_table(UNFINISHED_VOLUMES)?;
+            let wal = replay(&txn, dir)?;
             if counter(&txn, UNFINISHED_INDEXED)? == 0 {
                 index_unfinished(&txn)?;
                 txn.open_table(COUNTERS)?.insert(UNFINISHED_INDEXED, 1)?;
             }
-        }
+            wal
+        };
+        // This durable commit is the checkpoint of everything replayed.
         txn.commit()?;
         let db = Arc::new(db);
-        let commits: Arc<crate::group_commit::GroupCommit> = Default::default();
-        commits.start_flusher(&db);
-        Ok(Store { db, commits })
+        let journal = Arc::new(Journal {
+            db: db.clone(),
+            log: Mutex::new(Log {
+                wal,
+                rounds_since_checkpoint: 0,
+                failed: None,
+            }),
+        });
+        let commits = Arc::new(GroupCommit::new(Box::new(JournalRound(journal.clone()))));
+        commits.start_flusher();
+        Ok(Store {
+            db,
+            commits,
+            journal,
+        })
     }
 
     /// Makes every change committed so far durable (lazy ones included).
     pub fn flush(&self) -> StoreResult<()> {
-        self.commits.flush(&self.db)
+        self.commits.flush()
+    }
+
+    /// Makes every change durable in redb itself and empties the log, so
+    /// the next start replays nothing (a clean shutdown).
+    pub fn checkpoint(&self) -> StoreResult<()> {
+        self.journal.checkpoint()
     }
 
     /// Transactions committed through the group commit so far.
@@ -153,12 +226,8 @@ impl Store {
     }
 
     /// Runs one change through the group commit (see `group_commit`).
-    fn write(
-        &self,
-        durable: bool,
-        change: impl FnOnce(&redb::WriteTransaction) -> StoreResult<()> + Send + 'static,
-    ) -> StoreResult<()> {
-        self.commits.submit(&self.db, Box::new(change), durable)
+    fn write(&self, durable: bool, op: Op, limit: Option<(String, u64)>) -> StoreResult<()> {
+        self.commits.submit(Change { op, limit }, durable)
     }
 
     /// Runs store work that may wait for an fsync without stalling other
@@ -183,6 +252,9 @@ impl Store {
     }
 
     pub fn healthy(&self) -> StoreResult<()> {
+        if let Some(failed) = &self.journal.lock().failed {
+            return Err(StoreError::Worker(failed.clone()));
+        }
         let txn = self.db.begin_read()?;
         txn.open_table(COUNTERS)?;
         Ok(())
@@ -202,7 +274,7 @@ impl Store {
         };
         match decoded {
             Err(StoreError::Corrupt { .. }) => {
-                self.quarantine(def, table, &[id.to_string()])?;
+                self.quarantine(table, &[id.to_string()])?;
                 Ok(None)
             }
             other => other,
@@ -213,26 +285,17 @@ impl Store {
     /// of the node index), logging and counting each.
     fn quarantine(
         &self,
-        def: TableDefinition<'static, &'static str, &'static [u8]>,
         table: &'static str,
         ids: &[String],
     ) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
-        let ids = ids.to_vec();
-        self.write(true, move |txn| {
-            for id in &ids {
-                let raw = txn
-                    .open_table(def)?
-                    .remove(id.as_str())?
-                    .map(|v| v.value().to_vec());
-                if let Some(raw) = raw {
-                    quarantine_in(txn, table, id, &raw)?;
-                }
-            }
-            Ok(())
-        })
+        let op = Op::Quarantine {
+            table: table.to_string(),
+            ids: ids.to_vec(),
+        };
+        self.write(true, op, None)
     }
 
     /// How many records are in quarantine.
@@ -295,7 +358,7 @@ impl Store {
         }
         drop(t);
         drop(txn);
-        self.quarantine(def, table, &corrupt)?;
+        self.quarantine(table, &corrupt)?;
         Ok(Page { items, next })
     }
 
@@ -323,40 +386,25 @@ impl Store {
     /// count is read inside the writing transaction (redb has one writer at
     /// a time), so two publishes to one node cannot both take the last slot.
     pub fn put_volume_limited(&self, vol: &Volume, limit: Option<(&str, u64)>) -> StoreResult<()> {
-        let vol = vol.clone();
         let limit = limit.map(|(n, m)| (n.to_string(), m));
-        self.write(true, move |txn| write_volume(txn, &vol, limit))
+        self.write(true, Op::PutVolume(Box::new(vol.clone())), limit)
     }
 
-    /// Like `put_volume`, for a change that needs no fsync of its own: a
+    /// Like `put_volume`, for a change that needs no sync of its own: a
     /// crash may lose it, and start-up derives it again from a durable
     /// witness (the mount table, the backend's data). It becomes durable
     /// with the next durable commit.
     pub fn put_volume_lazily(&self, vol: &Volume) -> StoreResult<()> {
-        let vol = vol.clone();
-        self.write(false, move |txn| write_volume(txn, &vol, None))
+        self.write(false, Op::PutVolume(Box::new(vol.clone())), None)
     }
 
     pub fn remove_volume(&self, id: &str) -> StoreResult<()> {
-        self.remove_volume_with(id, true)
+        self.write(true, Op::RemoveVolume(id.to_string()), None)
     }
 
     /// Like `remove_volume`, lazily (see `put_volume_lazily`).
     pub fn remove_volume_lazily(&self, id: &str) -> StoreResult<()> {
-        self.remove_volume_with(id, false)
-    }
-
-    fn remove_volume_with(&self, id: &str, durable: bool) -> StoreResult<()> {
-        let id = id.to_string();
-        self.write(durable, move |txn| {
-            txn.open_table(UNFINISHED_VOLUMES)?.remove(id.as_str())?;
-            if let Some(old) = take::<Volume>(txn, VOLUMES, "volumes", &id)? {
-                release_name(txn, VOLUME_NAMES, &old.name, &id)?;
-                adjust(txn, ALLOCATED, old.capacity_bytes, 0)?;
-                reindex_nodes(txn, Some(&old), None)?;
-            }
-            Ok(())
-        })
+        self.write(false, Op::RemoveVolume(id.to_string()), None)
     }
 
     pub fn list_volumes(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Volume>> {
@@ -450,35 +498,11 @@ impl Store {
     }
 
     pub fn put_snapshot(&self, snap: &Snapshot) -> StoreResult<()> {
-        let snap = snap.clone();
-        self.write(true, move |txn| {
-            let mut snaps = txn.open_table(SNAPSHOTS)?;
-            // An undecodable old record is simply replaced.
-            let old_bytes = match snaps.get(snap.id.as_str())? {
-                Some(v) => decode::<Snapshot>("snapshots", &snap.id, v.value())
-                    .map_or(0, |old| old.charged_bytes()),
-                None => 0,
-            };
-            snaps.insert(snap.id.as_str(), encode(&snap)?.as_slice())?;
-            txn.open_table(SNAPSHOT_NAMES)?
-                .insert(snap.name.as_str(), snap.id.as_str())?;
-            txn.open_table(SNAPSHOTS_BY_SOURCE)?
-                .insert(pair(&snap.source_volume_id, &snap.id).as_str(), ())?;
-            adjust(txn, ALLOCATED, old_bytes, snap.charged_bytes())
-        })
+        self.write(true, Op::PutSnapshot(Box::new(snap.clone())), None)
     }
 
     pub fn remove_snapshot(&self, id: &str) -> StoreResult<()> {
-        let id = id.to_string();
-        self.write(true, move |txn| {
-            if let Some(old) = take::<Snapshot>(txn, SNAPSHOTS, "snapshots", &id)? {
-                release_name(txn, SNAPSHOT_NAMES, &old.name, &id)?;
-                txn.open_table(SNAPSHOTS_BY_SOURCE)?
-                    .remove(pair(&old.source_volume_id, &id).as_str())?;
-                adjust(txn, ALLOCATED, old.charged_bytes(), 0)?;
-            }
-            Ok(())
-        })
+        self.write(true, Op::RemoveSnapshot(id.to_string()), None)
     }
 
     pub fn list_snapshots(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Snapshot>> {
@@ -543,24 +567,254 @@ impl Store {
     }
 
     pub fn put_group(&self, group: &GroupSnapshot) -> StoreResult<()> {
-        let group = group.clone();
-        self.write(true, move |txn| {
-            txn.open_table(GROUPS)?
-                .insert(group.id.as_str(), encode(&group)?.as_slice())?;
-            txn.open_table(GROUP_NAMES)?
-                .insert(group.name.as_str(), group.id.as_str())?;
-            Ok(())
-        })
+        self.write(true, Op::PutGroup(Box::new(group.clone())), None)
     }
 
     pub fn remove_group(&self, id: &str) -> StoreResult<()> {
-        let id = id.to_string();
-        self.write(true, move |txn| {
-            if let Some(old) = take::<GroupSnapshot>(txn, GROUPS, "group_snapshots", &id)? {
-                release_name(txn, GROUP_NAMES, &old.name, &id)?;
+        self.write(true, Op::RemoveGroup(id.to_string()), None)
+    }
+}
+
+/// Applies one op inside a write transaction (first time or at replay).
+fn apply(txn: &redb::WriteTransaction, op: &Op, limit: Option<(String, u64)>) -> StoreResult<()> {
+    match op {
+        Op::PutVolume(vol) => write_volume(txn, vol, limit),
+        Op::RemoveVolume(id) => {
+            txn.open_table(UNFINISHED_VOLUMES)?.remove(id.as_str())?;
+            if let Some(old) = take::<Volume>(txn, VOLUMES, "volumes", id)? {
+                release_name(txn, VOLUME_NAMES, &old.name, id)?;
+                adjust(txn, ALLOCATED, old.capacity_bytes, 0)?;
+                reindex_nodes(txn, Some(&old), None)?;
             }
             Ok(())
-        })
+        }
+        Op::PutSnapshot(snap) => {
+            let mut snaps = txn.open_table(SNAPSHOTS)?;
+            // An undecodable old record is simply replaced.
+            let old_bytes = match snaps.get(snap.id.as_str())? {
+                Some(v) => decode::<Snapshot>("snapshots", &snap.id, v.value())
+                    .map_or(0, |old| old.charged_bytes()),
+                None => 0,
+            };
+            snaps.insert(snap.id.as_str(), encode(snap)?.as_slice())?;
+            txn.open_table(SNAPSHOT_NAMES)?
+                .insert(snap.name.as_str(), snap.id.as_str())?;
+            txn.open_table(SNAPSHOTS_BY_SOURCE)?
+                .insert(pair(&snap.source_volume_id, &snap.id).as_str(), ())?;
+            adjust(txn, ALLOCATED, old_bytes, snap.charged_bytes())
+        }
+        Op::RemoveSnapshot(id) => {
+            if let Some(old) = take::<Snapshot>(txn, SNAPSHOTS, "snapshots", id)? {
+                release_name(txn, SNAPSHOT_NAMES, &old.name, id)?;
+                txn.open_table(SNAPSHOTS_BY_SOURCE)?
+                    .remove(pair(&old.source_volume_id, id).as_str())?;
+                adjust(txn, ALLOCATED, old.charged_bytes(), 0)?;
+            }
+            Ok(())
+        }
+        Op::PutGroup(group) => {
+            txn.open_table(GROUPS)?
+                .insert(group.id.as_str(), encode(group)?.as_slice())?;
+            txn.open_table(GROUP_NAMES)?
+                .insert(group.name.as_str(), group.id.as_str())?;
+            Ok(())
+        }
+        Op::RemoveGroup(id) => {
+            if let Some(old) = take::<GroupSnapshot>(txn, GROUPS, "group_snapshots", id)? {
+                release_name(txn, GROUP_NAMES, &old.name, id)?;
+            }
+            Ok(())
+        }
+        Op::Quarantine { table, ids } => {
+            let (def, table) = match table.as_str() {
+                "volumes" => (VOLUMES, "volumes"),
+                "snapshots" => (SNAPSHOTS, "snapshots"),
+                "group_snapshots" => (GROUPS, "group_snapshots"),
+                other => {
+                    return Err(StoreError::Worker(format!(
+                        "quarantine of unknown table {other:?}"
+                    )))
+                }
+            };
+            for id in ids {
+                let raw = txn
+                    .open_table(def)?
+                    .remove(id.as_str())?
+                    .map(|v| v.value().to_vec());
+                if let Some(raw) = raw {
+                    quarantine_in(txn, table, id, &raw)?;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Opens the log and applies, in `txn`, what it holds past redb's last
+/// checkpoint; `txn` then records the new checkpoint.
+fn replay(txn: &redb::WriteTransaction, dir: &Path) -> StoreResult<Wal> {
+    let path = dir.join("state.wal");
+    let after = counter(txn, WAL_CHECKPOINT)?;
+    let (wal, records) = Wal::open(&path, WAL_BYTES, after)
+        .map_err(|e| StoreError::Worker(format!("write-ahead log {}: {e}", path.display())))?;
+    let replayed = records.len();
+    for record in records {
+        let ops: Vec<Op> = serde_json::from_slice(&record.payload).map_err(|e| {
+            StoreError::Worker(format!(
+                "write-ahead log {} record {} cannot be read ({e}); it was written by another \
+                 version of csi-relay: start that version once to checkpoint it",
+                path.display(),
+                record.lsn
+            ))
+        })?;
+        for op in &ops {
+            apply(txn, op, None)?;
+        }
+    }
+    if replayed > 0 {
+        tracing::info!(records = replayed, "store changes replayed from the write-ahead log");
+    }
+    let last = wal.next_lsn() - 1;
+    if last != after {
+        txn.open_table(COUNTERS)?.insert(WAL_CHECKPOINT, last)?;
+    }
+    Ok(wal)
+}
+
+struct JournalRound(Arc<Journal>);
+
+impl Round<Change> for JournalRound {
+    fn run(&self, changes: Vec<Option<Change>>, durable: bool) -> Vec<StoreResult<()>> {
+        self.0.run(changes, durable)
+    }
+}
+
+fn all_failed(n: usize, msg: &str) -> Vec<StoreResult<()>> {
+    (0..n).map(|_| Err(StoreError::Worker(msg.to_string()))).collect()
+}
+
+impl Journal {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        // The log's fields change only after the write they describe.
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn run(&self, changes: Vec<Option<Change>>, durable: bool) -> Vec<StoreResult<()>> {
+        let n = changes.len();
+        let mut log = self.lock();
+        if let Some(failed) = &log.failed {
+            return all_failed(n, failed);
+        }
+        if changes.iter().all(Option::is_none) {
+            // Only a sync of what lazy rounds left unsynced.
+            if durable {
+                if let Err(e) = log.wal.sync() {
+                    return log.fail(n, &e);
+                }
+            }
+            return (0..n).map(|_| Ok(())).collect();
+        }
+        let mut txn = match self.db.begin_write() {
+            Ok(t) => t,
+            Err(e) => return all_failed(n, &e.to_string()),
+        };
+        let mut results = Vec::with_capacity(n);
+        let mut logged: Vec<Op> = Vec::with_capacity(n);
+        for change in changes {
+            let Some(Change { op, limit }) = change else {
+                results.push(Ok(()));
+                continue;
+            };
+            match apply(&txn, &op, limit) {
+                // A refusal is decided before the change writes anything.
+                Err(refused @ StoreError::AttachLimit { .. }) => results.push(Err(refused)),
+                Err(e) => {
+                    // Anything else may have left a partial write: nothing
+                    // of this round is committed.
+                    let _ = txn.abort();
+                    return all_failed(n, &format!("transaction abandoned: {e}"));
+                }
+                Ok(()) => {
+                    results.push(Ok(()));
+                    logged.push(op);
+                }
+            }
+        }
+        if logged.is_empty() {
+            let _ = txn.abort();
+            return results;
+        }
+        let payload = match serde_json::to_vec(&logged) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = txn.abort();
+                return all_failed(n, &format!("store change cannot be encoded: {e}"));
+            }
+        };
+        log.rounds_since_checkpoint += 1;
+        if !log.wal.fits(payload.len()) || log.rounds_since_checkpoint >= CHECKPOINT_ROUNDS {
+            // This round is the checkpoint: redb commits it durably and
+            // the log, covered up to here, starts again.
+            return match checkpoint_in(txn, &mut log) {
+                Ok(()) => results,
+                Err(e) => all_failed(n, &format!("checkpoint failed: {e}")),
+            };
+        }
+        if let Err(e) = log.wal.append(&payload) {
+            let _ = txn.abort();
+            return log.fail(n, &e);
+        }
+        if durable {
+            if let Err(e) = log.wal.sync() {
+                let _ = txn.abort();
+                return log.fail(n, &e);
+            }
+        }
+        let committed = txn
+            .set_durability(redb::Durability::None)
+            .map_err(|e| StoreError::Worker(e.to_string()))
+            .and_then(|()| Ok(txn.commit()?));
+        if let Err(e) = committed {
+            // The log holds the round: it is applied at the next start.
+            log.failed = Some(format!(
+                "store commit failed after its log record was written ({e}); restart csi-relay to replay the log"
+            ));
+            return all_failed(n, &format!("commit failed: {e}"));
+        }
+        results
+    }
+
+    /// A durable redb commit that covers every log record so far.
+    fn checkpoint(&self) -> StoreResult<()> {
+        let mut log = self.lock();
+        if let Some(failed) = &log.failed {
+            return Err(StoreError::Worker(failed.clone()));
+        }
+        let txn = self.db.begin_write()?;
+        checkpoint_in(txn, &mut log)
+    }
+}
+
+/// Commits `txn` durably, naming the last log record it includes, then
+/// lets the log start again from its beginning.
+fn checkpoint_in(txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> {
+    let last = log.wal.next_lsn() - 1;
+    txn.open_table(COUNTERS)?.insert(WAL_CHECKPOINT, last)?;
+    txn.commit()?;
+    log.wal.reset();
+    log.rounds_since_checkpoint = 0;
+    Ok(())
+}
+
+impl Log {
+    fn fail(&mut self, n: usize, e: &std::io::Error) -> Vec<StoreResult<()>> {
+        let msg = format!(
+            "the store's write-ahead log cannot be written or synced ({e}); csi-relay accepts no \
+             change until it is restarted and replays the log"
+        );
+        tracing::error!(error = %e, "write-ahead log failed");
+        self.failed = Some(msg.clone());
+        all_failed(n, &msg)
     }
 }
 
@@ -841,6 +1095,51 @@ mod tests {
         store.remove_volume("a").unwrap();
         assert!(store.volume_by_name("name-a").unwrap().is_none());
         assert_eq!(store.allocated_bytes().unwrap(), 100);
+    }
+
+    /// What a SIGKILL leaves: the files as they are while the store is
+    /// still open (the page cache survives a killed process).
+    fn crash_copy(from: &Path) -> tempfile::TempDir {
+        let to = tempfile::tempdir().unwrap();
+        for f in ["state.redb", "state.wal"] {
+            std::fs::copy(from.join(f), to.path().join(f)).unwrap();
+        }
+        to
+    }
+
+    #[test]
+    fn a_crash_loses_no_change_the_log_holds_and_checkpoints_keep_it_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut a = vol("a", "name-a");
+        attach(&mut a, "n1");
+        store.put_volume(&a).unwrap();
+        store.put_volume_lazily(&vol("b", "name-b")).unwrap();
+        store.put_volume(&vol("c", "name-c")).unwrap();
+        store.remove_volume("c").unwrap();
+
+        let crashed = crash_copy(dir.path());
+        let after = Store::open(crashed.path()).unwrap();
+        assert_eq!(after.volume("a").unwrap().unwrap(), a);
+        assert!(after.volume("b").unwrap().is_some(), "a lazy change synced by a later durable one");
+        assert!(after.volume("c").unwrap().is_none());
+        assert_eq!(after.attached_count("n1").unwrap(), 1);
+        assert_eq!(after.allocated_bytes().unwrap(), 200);
+        // Replay ends in a checkpoint: a second crash replays nothing twice.
+        drop(after);
+        let again = Store::open(crash_copy(crashed.path()).path()).unwrap();
+        assert_eq!(again.allocated_bytes().unwrap(), 200);
+
+        // Past CHECKPOINT_ROUNDS the log starts again; nothing is lost.
+        let rounds = CHECKPOINT_ROUNDS + 10;
+        for i in 0..rounds {
+            store.put_volume(&vol(&format!("v{i}"), &format!("n{i}"))).unwrap();
+        }
+        assert!(store.journal.lock().wal.used() < WAL_BYTES / 4);
+        let crashed = crash_copy(dir.path());
+        let after = Store::open(crashed.path()).unwrap();
+        assert_eq!(after.allocated_bytes().unwrap(), 200 + rounds * 100);
+        assert!(after.volume(&format!("v{}", rounds - 1)).unwrap().is_some());
     }
 
     fn corrupt(store: &Store, id: &str) {
