@@ -226,7 +226,10 @@ mod tests {
         );
         gc.submit(7, false).unwrap();
         gc.flush().unwrap();
-        assert_eq!(*seen.lock().unwrap_or_else(|p| p.into_inner()), vec![(7, false)]);
+        assert_eq!(
+            *seen.lock().unwrap_or_else(|p| p.into_inner()),
+            vec![(7, false)]
+        );
         assert_eq!(gc.rounds(), 3);
     }
 

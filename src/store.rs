@@ -102,7 +102,10 @@ enum Op {
     PutGroup(Box<GroupSnapshot>),
     RemoveGroup(String),
     /// Moves undecodable records of `table` aside.
-    Quarantine { table: String, ids: Vec<String> },
+    Quarantine {
+        table: String,
+        ids: Vec<String>,
+    },
 }
 
 /// A change as submitted: the op, and for a ControllerPublish the attach
@@ -283,11 +286,7 @@ impl Store {
 
     /// Moves undecodable records out of `table` (and a volume's entries out
     /// of the node index), logging and counting each.
-    fn quarantine(
-        &self,
-        table: &'static str,
-        ids: &[String],
-    ) -> StoreResult<()> {
+    fn quarantine(&self, table: &'static str, ids: &[String]) -> StoreResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -672,7 +671,10 @@ fn replay(txn: &redb::WriteTransaction, dir: &Path) -> StoreResult<Wal> {
         }
     }
     if replayed > 0 {
-        tracing::info!(records = replayed, "store changes replayed from the write-ahead log");
+        tracing::info!(
+            records = replayed,
+            "store changes replayed from the write-ahead log"
+        );
     }
     let last = wal.next_lsn() - 1;
     if last != after {
@@ -690,7 +692,9 @@ impl Round<Change> for JournalRound {
 }
 
 fn all_failed(n: usize, msg: &str) -> Vec<StoreResult<()>> {
-    (0..n).map(|_| Err(StoreError::Worker(msg.to_string()))).collect()
+    (0..n)
+        .map(|_| Err(StoreError::Worker(msg.to_string())))
+        .collect()
 }
 
 impl Journal {
@@ -1121,7 +1125,10 @@ mod tests {
         let crashed = crash_copy(dir.path());
         let after = Store::open(crashed.path()).unwrap();
         assert_eq!(after.volume("a").unwrap().unwrap(), a);
-        assert!(after.volume("b").unwrap().is_some(), "a lazy change synced by a later durable one");
+        assert!(
+            after.volume("b").unwrap().is_some(),
+            "a lazy change synced by a later durable one"
+        );
         assert!(after.volume("c").unwrap().is_none());
         assert_eq!(after.attached_count("n1").unwrap(), 1);
         assert_eq!(after.allocated_bytes().unwrap(), 200);
@@ -1133,7 +1140,9 @@ mod tests {
         // Past CHECKPOINT_ROUNDS the log starts again; nothing is lost.
         let rounds = CHECKPOINT_ROUNDS + 10;
         for i in 0..rounds {
-            store.put_volume(&vol(&format!("v{i}"), &format!("n{i}"))).unwrap();
+            store
+                .put_volume(&vol(&format!("v{i}"), &format!("n{i}")))
+                .unwrap();
         }
         assert!(store.journal.lock().wal.used() < WAL_BYTES / 4);
         let crashed = crash_copy(dir.path());

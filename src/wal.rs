@@ -158,7 +158,8 @@ fn read(file: &File, len: u64, after: u64) -> io::Result<Vec<Record>> {
     let mut header = [0u8; HEADER];
     while at + HEADER as u64 <= len {
         file.read_exact_at(&mut header, at)?;
-        let word = |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+        let word =
+            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
         let (magic, size) = (word(0), word(4) as u64);
         let mut lsn = [0u8; 8];
         lsn.copy_from_slice(&header[8..16]);

@@ -8,6 +8,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::backend::trash::{remove_any, Trash};
 use crate::backend::{
     requested_topology, sparse_copy, tree_copy::copy_tree, Backend, DataKind, Health, NodeSource,
     Placement, SourceData, StoredData,
@@ -23,6 +24,7 @@ use crate::volume::{Backing, Progress, Snapshot, Volume};
 pub struct LocalBackend {
     volumes: PathBuf,
     snapshots: PathBuf,
+    trash: std::sync::Arc<Trash>,
     node_id: String,
     peer_nodes: Vec<String>,
     capacity: Option<u64>,
@@ -102,15 +104,6 @@ fn fsync_dir(dir: &Path) -> CsiResult<()> {
         .map_err(|e| CsiError::io("fsync directory", dir, e))
 }
 
-fn remove_any(path: &Path) -> io::Result<()> {
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
-        Ok(_) => fs::remove_file(path),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
 /// Builds `dst` from `fill` under a temporary name and renames it into place.
 fn create_atomically(dst: &Path, fill: impl FnOnce(&Path) -> io::Result<()>) -> CsiResult<()> {
     if dst.exists() {
@@ -182,9 +175,13 @@ impl LocalBackend {
         for dir in [&volumes, &snapshots] {
             fs::create_dir_all(dir).map_err(|e| CsiError::io("create directory", dir, e))?;
         }
+        let trash_dir = state_dir.join("trash");
+        let trash = Trash::open(trash_dir.clone())
+            .map_err(|e| CsiError::io("create directory", &trash_dir, e))?;
         Ok(LocalBackend {
             volumes,
             snapshots,
+            trash: std::sync::Arc::new(trash),
             node_id: node_id.to_string(),
             peer_nodes: peer_nodes.to_vec(),
             capacity,
@@ -356,10 +353,11 @@ impl Backend for LocalBackend {
 
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {
         let path = self.volume_path(vol)?;
-        let parent = self.volumes.clone();
+        let trash = self.trash.clone();
         blocking(move || {
-            remove_any(&path).map_err(|e| CsiError::io("remove volume data", &path, e))?;
-            fsync_dir(&parent)
+            trash
+                .discard(&path)
+                .map_err(|e| CsiError::io("remove volume data", &path, e))
         })
         .await
     }
@@ -421,10 +419,11 @@ impl Backend for LocalBackend {
 
     async fn delete_snapshot(&self, snap: &Snapshot) -> CsiResult<()> {
         let path = self.snapshot_path(snap)?;
-        let parent = self.snapshots.clone();
+        let trash = self.trash.clone();
         blocking(move || {
-            remove_any(&path).map_err(|e| CsiError::io("remove snapshot data", &path, e))?;
-            fsync_dir(&parent)
+            trash
+                .discard(&path)
+                .map_err(|e| CsiError::io("remove snapshot data", &path, e))
         })
         .await
     }
@@ -478,12 +477,11 @@ impl Backend for LocalBackend {
                 path.display()
             )));
         }
+        let trash = self.trash.clone();
         blocking(move || {
-            remove_any(&path).map_err(|e| CsiError::io("remove orphaned data", &path, e))?;
-            match path.parent() {
-                Some(parent) => fsync_dir(parent),
-                None => Ok(()),
-            }
+            trash
+                .discard(&path)
+                .map_err(|e| CsiError::io("remove orphaned data", &path, e))
         })
         .await
     }

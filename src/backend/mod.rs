@@ -9,6 +9,7 @@
 
 pub mod local;
 pub mod sparse_copy;
+pub mod trash;
 pub mod tree_copy;
 
 use std::collections::{BTreeMap, HashMap};
