@@ -18,7 +18,8 @@ pub use lifecycle::{
     provisioning, rebuilt, CreateRequest, NewVolume, Repeat,
 };
 pub use node_local::{
-    adopt, in_use, is_node_local, may_adopt, settled, AdoptFacts, Settled, NODE_LOCAL,
+    adopt, in_use, is_node_local, may_adopt, settled, stage_needs_attachment, AdoptFacts, Settled,
+    NODE_LOCAL,
 };
 
 use crate::capability::{AccessMode, Capability};

@@ -49,10 +49,7 @@ pub async fn stage(
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
     let vol = node_local::record_for_stage(d, &id, &req.publish_context, &req.volume_context, &cap)
         .await?;
-    // Attachment is recorded by this process's controller only when both
-    // services share the store (standalone `--mode all`); a node-local
-    // record's attachment is the controller's publish_context.
-    let attach_required = d.config.mode.controller() || state::is_node_local(&vol);
+    let attach_required = state::stage_needs_attachment(&vol, d.config.mode.controller());
     let next = match state::node_stage(&vol, &node_id, &path, &cap, attach_required)? {
         Step::Unchanged => {
             let src = sources::of(d, &vol, &node_id).ok();

@@ -29,6 +29,14 @@ pub fn in_use(vol: &Volume, node_id: &str) -> bool {
         .is_some_and(|n| n.stage.is_some() || !n.targets.is_empty())
 }
 
+/// Whether NodeStageVolume needs an attachment on record first. Only a
+/// controller sharing the store (standalone `--mode all`) records one for
+/// a store's own volumes; a node-local record's attachment is the
+/// controller's publish_context, so it always has one.
+pub fn stage_needs_attachment(vol: &Volume, controller_shares_store: bool) -> bool {
+    controller_shares_store || is_node_local(vol)
+}
+
 /// Where this node stands, as far as adopting a record goes.
 #[derive(Debug, Clone, Copy)]
 pub struct AdoptFacts<'a> {
@@ -209,6 +217,7 @@ mod tests {
         assert_eq!(a.publish_context, ctx);
         assert!(matches!(&v.backing, Backing::Member { namespace, .. } if namespace == "ns"));
         assert!(!in_use(&v, "n1"));
+        assert!(stage_needs_attachment(&v, false));
         assert_eq!(settled(&v, "n1"), Settled::Drop);
         let mut staged = v.clone();
         if let Some(n) = staged.nodes.get_mut("n1") {
@@ -227,6 +236,8 @@ mod tests {
         let ctx = BTreeMap::new();
         let mut v = adopt("id", "n1", &member(), ctx, &HashMap::new(), &cap(), 0);
         v.parameters.clear();
+        assert!(!stage_needs_attachment(&v, false));
+        assert!(stage_needs_attachment(&v, true));
         assert_eq!(settled(&v, "n1"), Settled::Keep);
         v.nodes.clear();
         v.ephemeral = true;

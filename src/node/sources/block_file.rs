@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::bind::{self, ensure_dir, ensure_file, foreign, mounted, shows, stat};
-use super::{directory::not_staged, Expansion, Publishing, Source, Staging, BLOCK_DEVICE_FILE};
+use super::{Expansion, Publishing, Source, Staging, BLOCK_DEVICE_FILE};
 use crate::capability::Capability;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::options::MountOptions;
@@ -68,7 +68,7 @@ impl Source for BlockFile {
     }
 
     async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
-        let staging = p.staging.ok_or_else(|| not_staged(p.volume_id))?;
+        let staging = p.staging.ok_or_else(|| super::not_staged(p.volume_id))?;
         bind::publish_staged(p.volume_id, staging, p.target, p.cap, p.readonly)
     }
 

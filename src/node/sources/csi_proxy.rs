@@ -87,9 +87,7 @@ impl Source for CsiProxy {
     }
 
     async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
-        let staging = p
-            .staging
-            .ok_or_else(|| super::directory::not_staged(p.volume_id))?;
+        let staging = p.staging.ok_or_else(|| super::not_staged(p.volume_id))?;
         let v = self.volume()?;
         let plugin = self.plugin(&v).await?;
         let target = guard(p.target, "target_path")?;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::{bind, Expansion, Publishing, Source, Staging};
 use crate::capability::Capability;
-use crate::error::{CsiError, CsiResult};
+use crate::error::CsiResult;
 
 #[derive(Debug, Clone)]
 pub struct Directory {
@@ -55,11 +55,4 @@ impl Source for Directory {
     async fn expand(&self, e: Expansion<'_>) -> CsiResult<i64> {
         Ok(e.capacity_bytes as i64)
     }
-}
-
-/// What a source that is only ever staged answers when asked to publish
-/// without a staging path (only inline volumes are, and they are
-/// directories).
-pub(super) fn not_staged(volume_id: &str) -> CsiError {
-    CsiError::Internal(format!("volume {volume_id:?}: publication without stage"))
 }

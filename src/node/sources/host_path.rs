@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::member_pv::MemberPv;
-use super::{bind, directory::not_staged, Expansion, Publishing, Source, Staging};
+use super::{bind, Expansion, Publishing, Source, Staging};
 use crate::backend::Health;
 use crate::capability::Capability;
 use crate::error::{CsiError, CsiResult};
@@ -82,7 +82,7 @@ impl Source for HostPath {
     }
 
     async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
-        let staging = p.staging.ok_or_else(|| not_staged(p.volume_id))?;
+        let staging = p.staging.ok_or_else(|| super::not_staged(p.volume_id))?;
         bind::publish_staged(p.volume_id, staging, p.target, p.cap, p.readonly)
     }
 

@@ -21,7 +21,7 @@ use std::path::Path;
 use crate::backend::Health;
 use crate::capability::Capability;
 use crate::csi;
-use crate::error::CsiResult;
+use crate::error::{CsiError, CsiResult};
 use crate::volume::Stage;
 
 pub use bind::{is_mounted, staged_source, BLOCK_DEVICE_FILE};
@@ -75,6 +75,15 @@ impl Expansion<'_> {
     }
 }
 
+/// A source asked to publish without a staging path: only inline volumes
+/// are, and they are directories.
+fn not_staged(volume_id: &str) -> CsiError {
+    CsiError::Internal(format!("volume {volume_id:?}: publication without stage"))
+}
+
+/// All node-side work on one kind of source. Every method is idempotent:
+/// it looks at what is mounted before acting, so a retry (or the restart
+/// reconciliation) finishes work a crash or a cancelled call cut short.
 #[tonic::async_trait]
 pub trait Source: Send + Sync {
     /// Stages the volume; returns the loop device used, if any.
