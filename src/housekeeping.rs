@@ -65,10 +65,9 @@ fn stale(created_unix: i64, grace: Duration) -> bool {
 /// exists, so it is recorded `Ready`. Returns how many.
 pub async fn promote_created(d: &Driver) -> CsiResult<usize> {
     let mut promoted = 0;
-    for mut vol in d.db(|s| s.unfinished_volumes()).await? {
+    for vol in d.db(|s| s.unfinished_volumes()).await? {
         if vol.lifecycle == Lifecycle::Provisioning && d.backend.created(&vol).await {
-            vol.lifecycle = Lifecycle::Ready;
-            d.put_volume(&vol).await?;
+            d.put_volume(&crate::state::provisioned(&vol)).await?;
             tracing::info!(volume_id = %vol.id, name = %vol.name, "created volume recorded Ready again after a restart");
             promoted += 1;
         }

@@ -5,6 +5,22 @@
 //! either says the request is an idempotent repeat (`Step::Unchanged`), or
 //! returns the next record (`Step::Next`), or the CSI error the spec requires.
 //! Callers decide first, then do the I/O, then commit what was decided.
+//!
+//! This file holds the attachment and node transitions; `lifecycle` the
+//! rest of a volume's life (create, delete, expand, modify, restore from a
+//! copy), `node_local` the records a node plugin adopts from a request.
+
+mod lifecycle;
+mod node_local;
+
+pub use lifecycle::{
+    attached, create_repeat, delete, deleting, ephemeral_use, expand, modify, provisioned,
+    provisioning, rebuilt, CreateRequest, NewVolume, Repeat,
+};
+pub use node_local::{
+    adopt, in_use, is_node_local, may_adopt, settled, stage_needs_attachment, AdoptFacts, Settled,
+    NODE_LOCAL,
+};
 
 use crate::capability::{AccessMode, Capability};
 use crate::error::{CsiError, CsiResult};
@@ -25,7 +41,8 @@ pub struct AttachLimit {
     pub max: u64,
 }
 
-fn ready(vol: &Volume) -> CsiResult<()> {
+/// NOT_FOUND for a record that is not a volume for users (yet, or any more).
+pub fn ready(vol: &Volume) -> CsiResult<()> {
     match vol.lifecycle {
         Lifecycle::Ready => Ok(()),
         // Half-created or half-deleted volumes do not exist for users.
@@ -351,24 +368,6 @@ pub fn publish_removed(vol: &Volume, node_id: &str, target: &str) -> Volume {
         }
     }
     next
-}
-
-/// DeleteVolume is refused while any node still uses the volume.
-pub fn delete(vol: &Volume) -> CsiResult<()> {
-    let busy: Vec<(&String, &'static str)> = vol
-        .nodes
-        .iter()
-        .filter(|(_, n)| !n.is_empty())
-        .map(|(id, n)| (id, n.phase().as_str()))
-        .collect();
-    if busy.is_empty() {
-        Ok(())
-    } else {
-        Err(CsiError::FailedPrecondition(format!(
-            "volume {:?} is still in use on node(s) {:?}; unpublish it first",
-            vol.id, busy
-        )))
-    }
 }
 
 #[cfg(test)]

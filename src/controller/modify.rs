@@ -3,10 +3,10 @@
 use crate::controller::provision::check_mutable;
 use crate::csi;
 use crate::driver::Driver;
-use crate::error::{CsiError, CsiResult};
+use crate::error::CsiResult;
 use crate::limiter::volume_key;
+use crate::state::{self, Step};
 use crate::validate;
-use crate::volume::Lifecycle;
 
 pub async fn modify_volume(
     d: &Driver,
@@ -15,17 +15,14 @@ pub async fn modify_volume(
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let mut vol = d.volume(&id).await?;
-    if vol.lifecycle != Lifecycle::Ready {
-        return Err(CsiError::VolumeNotFound(id));
-    }
+    let vol = d.volume(&id).await?;
+    // A volume that is not one (yet, or any more) is NOT_FOUND before its
+    // parameters are looked at.
+    state::ready(&vol)?;
     let changes = check_mutable(d, &req.mutable_parameters)?;
-    let mut next = vol.mutable_parameters.clone();
-    next.extend(changes);
-    if next != vol.mutable_parameters {
-        vol.mutable_parameters = next;
-        d.put_volume(&vol).await?;
-        tracing::info!(volume_id = %id, parameters = ?vol.mutable_parameters, "volume modified");
+    if let Step::Next(next) = state::modify(&vol, changes)? {
+        d.put_volume(&next).await?;
+        tracing::info!(volume_id = %id, parameters = ?next.mutable_parameters, "volume modified");
     }
     Ok(csi::ControllerModifyVolumeResponse {})
 }

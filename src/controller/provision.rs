@@ -15,6 +15,7 @@ use crate::driver::{now, Driver};
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::{volume_key, volume_name_key};
 use crate::params::{self, VolumeParams};
+use crate::state::{self, CreateRequest, NewVolume, Repeat, Step};
 use crate::validate;
 use crate::volume::{Backing, ContentSource, Lifecycle, Volume};
 
@@ -61,10 +62,6 @@ impl SizeRange {
             required: r.required_bytes as u64,
             limit: r.limit_bytes as u64,
         })
-    }
-
-    pub fn admits(&self, size: u64) -> bool {
-        size >= self.required && (self.limit == 0 || size <= self.limit)
     }
 
     /// The size to allocate: at least `floor`, aligned when the limit allows.
@@ -135,38 +132,6 @@ pub fn check_mutable(
     Ok(params.clone().into_iter().collect())
 }
 
-/// Why an existing volume of the same name does not answer this request.
-fn mismatch(
-    existing: &Volume,
-    range: &SizeRange,
-    caps: &[Capability],
-    parameters: &BTreeMap<String, String>,
-    source: &Option<ContentSource>,
-) -> Option<String> {
-    if !range.admits(existing.capacity_bytes) {
-        return Some(format!(
-            "it has {} bytes, outside the requested range [{}, {}]",
-            existing.capacity_bytes, range.required, range.limit
-        ));
-    }
-    if existing.capabilities != caps {
-        return Some(format!(
-            "it was created with capabilities {:?}",
-            existing.capabilities
-        ));
-    }
-    if existing.parameters != *parameters {
-        return Some(format!(
-            "it was created with parameters {:?}",
-            existing.parameters
-        ));
-    }
-    if existing.source != *source {
-        return Some(format!("it was created from {:?}", existing.source));
-    }
-    None
-}
-
 pub async fn create_volume(
     d: &Driver,
     req: csi::CreateVolumeRequest,
@@ -195,25 +160,19 @@ pub async fn create_volume(
     let _guard = d.limiter.try_acquire(&keys)?;
 
     // Reads run in place (see `Driver::find_volume`).
-    let mut vol = match d.store.volume_by_name(&name)? {
-        Some(existing) => {
-            if let Some(why) = mismatch(&existing, &range, &caps, &parameters, &source) {
-                return Err(CsiError::AlreadyExists(format!(
-                    "a volume named {name:?} already exists ({}) and {why}",
-                    existing.id
-                )));
-            }
-            match existing.lifecycle {
-                Lifecycle::Ready => return Ok(reply(&existing)),
-                Lifecycle::Provisioning => existing,
-                Lifecycle::Deleting => {
-                    return Err(CsiError::Aborted(format!(
-                        "volume {:?} named {name:?} is being deleted; retry once DeleteVolume completes",
-                        existing.id
-                    )))
-                }
-            }
-        }
+    let request = CreateRequest {
+        name: &name,
+        required_bytes: range.required,
+        limit_bytes: range.limit,
+        capabilities: &caps,
+        parameters: &parameters,
+        source: &source,
+    };
+    let vol = match d.store.volume_by_name(&name)? {
+        Some(existing) => match state::create_repeat(&existing, &request)? {
+            Repeat::Created => return Ok(reply(&existing)),
+            Repeat::Resume => existing,
+        },
         None => {
             let floor = match &placement.backing {
                 Backing::BlockFile { .. } => MIN_BLOCK_FILE_SIZE,
@@ -241,29 +200,27 @@ pub async fn create_volume(
                 )));
             }
             let (secs, _) = now();
-            let vol = Volume {
+            let vol = state::provisioning(NewVolume {
                 id: placement.id,
                 name: name.clone(),
                 capacity_bytes: size,
                 backing: placement.backing,
-                capabilities: caps,
-                parameters,
+                capabilities: caps.clone(),
+                parameters: parameters.clone(),
                 mutable_parameters: mutable,
                 source: source.clone(),
                 topology: placement.topology,
                 context: placement.context,
                 created_unix: secs,
-                lifecycle: Lifecycle::Provisioning,
                 ephemeral: false,
-                nodes: BTreeMap::new(),
-            };
+            });
             d.put_volume(&vol).await?;
             vol
         }
     };
 
     allocate(d, &vol).await?;
-    vol.lifecycle = Lifecycle::Ready;
+    let vol = state::provisioned(&vol);
     // Local data renamed into place witnesses the creation: start-up turns
     // a `Provisioning` record whose data is there into `Ready`.
     d.put_outcome(&vol).await?;
@@ -334,15 +291,17 @@ pub async fn delete_volume(
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let Some(mut vol) = d.find_volume(&id).await? else {
+    let Some(vol) = d.find_volume(&id).await? else {
         // Deleting what does not exist is success: the CO may be retrying.
         return Ok(csi::DeleteVolumeResponse {});
     };
-    crate::state::delete(&vol)?;
-    if vol.lifecycle != Lifecycle::Deleting {
-        vol.lifecycle = Lifecycle::Deleting;
-        d.put_volume(&vol).await?;
-    }
+    let vol = match state::delete(&vol)? {
+        Step::Unchanged => vol,
+        Step::Next(marked) => {
+            d.put_volume(&marked).await?;
+            *marked
+        }
+    };
     d.backend.delete_volume(&vol).await?;
     // The durable `Deleting` record and the data's absence witness this:
     // start-up housekeeping finishes a lost removal.
@@ -373,28 +332,18 @@ pub async fn expand_volume(
         Capability::from_wire(cap, "volume_capability")?;
     }
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let mut vol = d.volume(&id).await?;
-    if vol.lifecycle != Lifecycle::Ready {
-        return Err(CsiError::VolumeNotFound(id));
-    }
+    let vol = d.volume(&id).await?;
     let target = if range.required > 0 {
         range.required
     } else {
         range.limit
     };
-    if target <= vol.capacity_bytes {
-        // Already at least that large; volumes never shrink.
+    let Step::Next(grown) = state::expand(&vol, target, d.config.max_volume_size)? else {
         return Ok(csi::ControllerExpandVolumeResponse {
             capacity_bytes: vol.capacity_bytes as i64,
             node_expansion_required: false,
         });
-    }
-    if target > d.config.max_volume_size {
-        return Err(CsiError::OutOfRange(format!(
-            "{target} bytes requested; this driver's maximum volume size is {} bytes",
-            d.config.max_volume_size
-        )));
-    }
+    };
     let total = d.backend.total_capacity().await?;
     let used = d.db(|s| s.allocated_bytes()).await?;
     let growth = target - vol.capacity_bytes;
@@ -408,8 +357,7 @@ pub async fn expand_volume(
     // loop device and filesystem, a member volume whose driver grows the
     // filesystem where it is mounted.
     let node_expansion_required = d.backend.expand_volume(&vol, target).await?;
-    vol.capacity_bytes = target;
-    d.put_volume(&vol).await?;
+    d.put_volume(&grown).await?;
     tracing::info!(volume_id = %vol.id, bytes = target, "volume expanded");
     Ok(csi::ControllerExpandVolumeResponse {
         capacity_bytes: target as i64,

@@ -57,15 +57,8 @@ pub async fn publish(
         // backend's attach is idempotent.
         context = d.backend.attach(&attached, &node_id).await?;
         if !context.is_empty() {
-            let mut done = attached.clone();
-            if let Some(a) = done
-                .nodes
-                .get_mut(&node_id)
-                .and_then(|n| n.attachment.as_mut())
-            {
-                a.publish_context = context.clone();
-            }
-            d.put_volume(&done).await?;
+            d.put_volume(&state::attached(&attached, &node_id, context.clone()))
+                .await?;
         }
     }
     if new {

@@ -505,10 +505,11 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
             }
         };
         let id = vol.id.clone();
-        if driver.db(move |s| s.volume(&id)).await?.is_some() {
+        let stored = driver.db(move |s| s.volume(&id)).await?;
+        let crate::state::Step::Next(record) = crate::state::rebuilt(stored.as_ref(), vol) else {
             continue;
-        }
-        let record = vol.clone();
+        };
+        let vol = (*record).clone();
         driver.db(move |s| s.put_volume(&record)).await?;
         tracing::info!(volume_id = %vol.id, name = %vol.name, "volume record restored from its RelayVolume");
         restored += 1;

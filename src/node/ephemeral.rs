@@ -2,14 +2,13 @@
 //! the first NodePublishVolume, deleted with the last NodeUnpublishVolume.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 
-use crate::backend::NodeSource;
 use crate::capability::Capability;
 use crate::controller::provision::DEFAULT_VOLUME_SIZE;
 use crate::driver::{now, Driver};
 use crate::error::{CsiError, CsiResult};
-use crate::volume::{Backing, Lifecycle, Volume};
+use crate::state::{self, NewVolume};
+use crate::volume::{Backing, Volume};
 
 pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
 
@@ -24,15 +23,8 @@ pub async fn ensure(
     context: &HashMap<String, String>,
     cap: &Capability,
 ) -> CsiResult<Volume> {
-    if let Some(existing) = d.find_volume(id).await? {
-        if !existing.ephemeral {
-            return Err(CsiError::AlreadyExists(format!(
-                "volume {id:?} exists as a persistent volume; it cannot be used inline"
-            )));
-        }
-        if existing.lifecycle == Lifecycle::Ready {
-            return Ok(existing);
-        }
+    if let Some(existing) = state::ephemeral_use(d.find_volume(id).await?.as_ref(), id)? {
+        return Ok(existing);
     }
     if cap.is_block() {
         return Err(CsiError::invalid(
@@ -53,7 +45,7 @@ pub async fn ensure(
         ));
     }
     let (secs, _) = now();
-    let mut vol = Volume {
+    let vol = state::provisioning(NewVolume {
         id: id.to_string(),
         name: format!("ephemeral/{id}"),
         capacity_bytes: DEFAULT_VOLUME_SIZE,
@@ -65,32 +57,19 @@ pub async fn ensure(
         topology: d.backend.volume_topology(),
         context: context.clone().into_iter().collect(),
         created_unix: secs,
-        lifecycle: Lifecycle::Provisioning,
         ephemeral: true,
-        nodes: BTreeMap::new(),
-    };
+    });
     d.put_volume(&vol).await?;
     d.backend.create_volume(&vol, None).await?;
-    vol.lifecycle = Lifecycle::Ready;
+    let vol = state::provisioned(&vol);
     d.put_volume(&vol).await?;
     tracing::info!(volume_id = %id, "ephemeral volume created");
     Ok(vol)
 }
 
-pub fn data_dir(d: &Driver, vol: &Volume) -> CsiResult<PathBuf> {
-    match d.backend.node_source(vol)? {
-        NodeSource::Directory(p) => Ok(p),
-        NodeSource::BlockFile(_) | NodeSource::Member(_) => Err(CsiError::Internal(
-            "ephemeral volumes are directories".into(),
-        )),
-    }
-}
-
 /// Deletes an ephemeral volume once nothing uses it.
 pub async fn remove(d: &Driver, vol: &Volume) -> CsiResult<()> {
-    let mut marked = vol.clone();
-    marked.lifecycle = Lifecycle::Deleting;
-    d.put_volume(&marked).await?;
+    d.put_volume(&state::deleting(vol)).await?;
     d.backend.delete_volume(vol).await?;
     d.remove_volume(vol).await?;
     tracing::info!(volume_id = %vol.id, "ephemeral volume deleted");

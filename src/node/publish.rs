@@ -7,7 +7,8 @@ use crate::csi;
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
-use crate::node::{ephemeral, member, mounter, source, stage};
+use crate::node::sources::{self, Publishing};
+use crate::node::{ephemeral, node_local, paths, stage};
 use crate::state::{self, StagingRule, Step};
 use crate::validate;
 use crate::volume::Progress;
@@ -29,9 +30,9 @@ pub async fn publish(
         validate::path(&req.staging_target_path, "staging_target_path")?
     };
     // Before anything is recorded or created (an inline volume included).
-    let resolved_target = mounter::check_path(&target, &d.config.state_dir, "target_path")?;
+    let resolved_target = paths::check_path(&target, &d.config.state_dir, "target_path")?;
     if !is_ephemeral {
-        mounter::check_apart(&target, &resolved_target, &staging)?;
+        paths::check_apart(&target, &resolved_target, &staging)?;
     }
     let node_id = d.config.node_id.clone();
 
@@ -56,7 +57,7 @@ pub async fn publish(
         rule,
     )? {
         Step::Unchanged => {
-            if mounter::is_mounted(Path::new(&target)) {
+            if sources::is_mounted(Path::new(&target)) {
                 return Ok(csi::NodePublishVolumeResponse {});
             }
             tracing::warn!(volume_id = %id, target = %target, "published volume lost its mount; restoring");
@@ -67,14 +68,17 @@ pub async fn publish(
             *next
         }
     };
-    // A read-only stage stays read-only in every publication: a bind
-    // remount without MS_RDONLY would make the new mount writable again.
-    let readonly = req.readonly || stage::staged_readonly(&next, &node_id, &cap);
-    let staging = (!next.ephemeral).then(|| Path::new(&staging));
-    let published = match source::of(d, &next, &node_id) {
-        Ok(src) => {
-            source::publish(d, &src, &next, staging, Path::new(&target), &cap, readonly).await
-        }
+    let p = Publishing {
+        volume_id: &id,
+        staging: (!next.ephemeral).then(|| Path::new(&staging)),
+        target: Path::new(&target),
+        cap: &cap,
+        // A read-only stage stays read-only in every publication: a bind
+        // remount without MS_RDONLY would make the new mount writable again.
+        readonly: req.readonly || stage::staged_readonly(&next, &node_id, &cap),
+    };
+    let published = match sources::of(d, &next, &node_id) {
+        Ok(src) => src.publish(p).await,
         Err(e) => Err(e),
     };
     match published {
@@ -91,7 +95,7 @@ pub async fn publish(
                 .is_some_and(|p| p.progress != Progress::Done);
             if pending {
                 let rolled_back = state::publish_removed(&next, &node_id, &target);
-                settle(d, &rolled_back, &node_id).await?;
+                node_local::commit(d, &rolled_back, &node_id).await?;
             }
             Err(e)
         }
@@ -118,9 +122,9 @@ pub async fn unpublish(
         return Ok(csi::NodeUnpublishVolumeResponse {});
     };
     d.put_volume(&next).await?;
-    let src = source::for_teardown(d, &next, &node_id)?;
-    source::unpublish(d, &src, Path::new(&target)).await?;
-    settle(
+    let src = sources::for_teardown(d, &next, &node_id)?;
+    src.unpublish(Path::new(&target)).await?;
+    node_local::commit(
         d,
         &state::publish_removed(&next, &node_id, &target),
         &node_id,
@@ -128,14 +132,4 @@ pub async fn unpublish(
     .await?;
     tracing::info!(volume_id = %id, target = %target, "volume unpublished");
     Ok(csi::NodeUnpublishVolumeResponse {})
-}
-
-/// Commits a record after a publication went away: an ephemeral volume
-/// nothing uses is deleted, a node-local member record is kept or dropped.
-async fn settle(d: &Driver, vol: &crate::volume::Volume, node_id: &str) -> CsiResult<()> {
-    if vol.ephemeral && vol.nodes.is_empty() {
-        ephemeral::remove(d, vol).await
-    } else {
-        member::commit(d, vol, node_id).await
-    }
 }

@@ -19,12 +19,10 @@ use std::path::{Path, PathBuf};
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::loopdev;
-use crate::node::{
-    ephemeral, member, mounter, source,
-    stage::{default_fs, staged_readonly},
-};
+use crate::node::sources::{self, Publishing, Source, Staging};
+use crate::node::{node_local, stage::staged_readonly};
 use crate::state;
-use crate::volume::{Backing, Progress, Volume};
+use crate::volume::{Progress, Volume};
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Report {
@@ -70,38 +68,25 @@ pub async fn reconcile(d: &Driver) -> CsiResult<Report> {
 }
 
 /// Records as done the stage and publications of `vol` whose mounts exist.
-fn roll_forward(
-    d: &Driver,
-    mut vol: Volume,
-    src: &crate::backend::NodeSource,
-    node_id: &str,
-    report: &mut Report,
-) -> CsiResult<Volume> {
+fn roll_forward(mut vol: Volume, src: &dyn Source, node_id: &str, report: &mut Report) -> Volume {
     let Some(node) = vol.node(node_id).cloned() else {
-        return Ok(vol);
+        return vol;
     };
     if let Some(stage) = node.stage.as_ref() {
         if stage.progress == Progress::Applying
-            && source::staged(src, Path::new(&stage.path), &stage.capability)
+            && src.is_staged(Path::new(&stage.path), &stage.capability)
         {
-            let device = match &vol.backing {
-                Backing::BlockFile { .. } => loopdev::find(&d.backend_path(&vol)?)
-                    .ok()
-                    .flatten()
-                    .map(|p| p.display().to_string()),
-                _ => None,
-            };
-            vol = state::stage_done(&vol, node_id, device);
+            vol = state::stage_done(&vol, node_id, src.staged_device());
             report.rolled_forward += 1;
         }
     }
     for (target, publication) in &node.targets {
-        if publication.progress == Progress::Applying && mounter::is_mounted(Path::new(target)) {
+        if publication.progress == Progress::Applying && src.is_published(Path::new(target)) {
             vol = state::publish_done(&vol, node_id, target);
             report.rolled_forward += 1;
         }
     }
-    Ok(vol)
+    vol
 }
 
 async fn reconcile_volume(
@@ -115,18 +100,15 @@ async fn reconcile_volume(
     }
     // Restoring needs the exact source; undoing interrupted work can do
     // with an unmount when a member volume's description is gone.
-    let exact = match source::of(d, &vol, node_id) {
-        Ok(s) => Some(s),
-        Err(e) if matches!(vol.backing, Backing::Member { .. }) => {
-            tracing::error!(volume_id = %vol.id, error = %e, "member volume source unknown; its mounts cannot be restored");
-            None
-        }
-        Err(e) => return Err(e),
-    };
-    let teardown = match &exact {
-        Some(s) => s.clone(),
-        None => match source::for_teardown(d, &vol, node_id) {
-            Ok(s) => s,
+    let exact = sources::for_restore(d, &vol, node_id)?;
+    let fallback;
+    let teardown: &dyn Source = match &exact {
+        Some(s) => s.as_ref(),
+        None => match sources::for_teardown(d, &vol, node_id) {
+            Ok(s) => {
+                fallback = s;
+                fallback.as_ref()
+            }
             Err(e) => {
                 tracing::error!(volume_id = %vol.id, error = %e, "volume left as recorded");
                 report.failed += 1;
@@ -137,7 +119,7 @@ async fn reconcile_volume(
     // 0. Local volumes' outcomes are committed without an fsync of their
     // own: work the mount table shows finished is recorded as done.
     if let (true, Some(src)) = (crate::driver::witnessed(&vol), &exact) {
-        vol = roll_forward(d, vol, src, node_id, report)?;
+        vol = roll_forward(vol, src.as_ref(), node_id, report);
     }
     let Some(node) = vol.node(node_id).cloned() else {
         return Ok(vol);
@@ -148,18 +130,15 @@ async fn reconcile_volume(
         let staging = Path::new(&stage.path);
         let lost = exact
             .as_ref()
-            .is_none_or(|s| !source::staged(s, staging, &stage.capability));
+            .is_none_or(|s| !s.is_staged(staging, &stage.capability));
         if lost {
             let restored = match &exact {
                 Some(s) => {
-                    source::stage(
-                        d,
-                        s,
-                        staging,
-                        &stage.capability,
-                        default_fs(&vol),
-                        staged_readonly(&vol, node_id, &stage.capability),
-                    )
+                    s.stage(Staging {
+                        path: staging,
+                        cap: &stage.capability,
+                        readonly: staged_readonly(&vol, node_id, &stage.capability),
+                    })
                     .await
                 }
                 None => Err(CsiError::FailedPrecondition("source unknown".into())),
@@ -181,33 +160,29 @@ async fn reconcile_volume(
     for (target, publication) in &node.targets {
         let path = Path::new(target);
         match publication.progress {
-            Progress::Applying | Progress::Removing => {
-                match source::unpublish(d, &teardown, path).await {
-                    Ok(()) => {
-                        vol = state::publish_removed(&vol, node_id, target);
-                        report.rolled_back += 1;
-                    }
-                    Err(e) => {
-                        tracing::warn!(volume_id = %vol.id, target, error = %e, "rollback of interrupted publish failed");
-                        report.failed += 1;
-                    }
+            Progress::Applying | Progress::Removing => match teardown.unpublish(path).await {
+                Ok(()) => {
+                    vol = state::publish_removed(&vol, node_id, target);
+                    report.rolled_back += 1;
                 }
-            }
-            Progress::Done if stage_ok && !mounter::is_mounted(path) => {
+                Err(e) => {
+                    tracing::warn!(volume_id = %vol.id, target, error = %e, "rollback of interrupted publish failed");
+                    report.failed += 1;
+                }
+            },
+            Progress::Done if stage_ok && !teardown.is_published(path) => {
                 let readonly =
                     publication.readonly || staged_readonly(&vol, node_id, &publication.capability);
                 let staging = node.stage.as_ref().map(|s| Path::new(&s.path));
                 let restored = match &exact {
                     Some(s) => {
-                        source::publish(
-                            d,
-                            s,
-                            &vol,
-                            staging,
-                            path,
-                            &publication.capability,
+                        s.publish(Publishing {
+                            volume_id: &vol.id,
+                            staging: if vol.ephemeral { None } else { staging },
+                            target: path,
+                            cap: &publication.capability,
                             readonly,
-                        )
+                        })
                         .await
                     }
                     None => Err(CsiError::FailedPrecondition("source unknown".into())),
@@ -227,7 +202,10 @@ async fn reconcile_volume(
     if let Some(stage) = node.stage.as_ref().filter(|s| s.progress != Progress::Done) {
         let published = vol.node(node_id).is_some_and(|n| !n.targets.is_empty());
         if !published {
-            match source::unstage(d, &teardown, Path::new(&stage.path), &stage.capability).await {
+            match teardown
+                .unstage(Path::new(&stage.path), &stage.capability)
+                .await
+            {
                 Ok(()) => {
                     vol = state::stage_removed(&vol, node_id);
                     report.rolled_back += 1;
@@ -239,10 +217,6 @@ async fn reconcile_volume(
             }
         }
     }
-    if vol.ephemeral && vol.nodes.is_empty() {
-        ephemeral::remove(d, &vol).await?;
-    } else {
-        member::commit(d, &vol, node_id).await?;
-    }
+    node_local::commit(d, &vol, node_id).await?;
     Ok(vol)
 }

@@ -7,17 +7,11 @@ use crate::csi;
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
-use crate::node::{member, mounter, source};
+use crate::node::sources::{self, Staging};
+use crate::node::{node_local, paths};
 use crate::state::{self, Step};
 use crate::validate;
-use crate::volume::{Backing, Progress, Volume};
-
-pub fn default_fs(vol: &Volume) -> &str {
-    match &vol.backing {
-        Backing::BlockFile { fs_type } if !fs_type.is_empty() => fs_type,
-        _ => "ext4",
-    }
-}
+use crate::volume::{Progress, Volume};
 
 /// Whether the volume is staged read-only on `node_id`: a reader-only access
 /// mode, or an attachment ControllerPublishVolume made read-only ("the SP
@@ -36,7 +30,7 @@ pub fn staged_readonly(vol: &Volume, node_id: &str, cap: &Capability) -> bool {
 /// whose answer it lost. Nothing mounted at `path` means there is nothing
 /// left to do. A store shared with a controller keeps NOT_FOUND.
 pub fn nothing_to_undo(d: &Driver, path: &str) -> bool {
-    !d.config.mode.controller() && !mounter::is_mounted(Path::new(path))
+    !d.config.mode.controller() && !sources::is_mounted(Path::new(path))
 }
 
 pub async fn stage(
@@ -49,30 +43,23 @@ pub async fn stage(
     validate::map(&req.publish_context, "publish_context")?;
     validate::map(&req.volume_context, "volume_context")?;
     validate::secrets(&req.secrets)?;
-    mounter::check_path(&path, &d.config.state_dir, "staging_target_path")?;
+    paths::check_path(&path, &d.config.state_dir, "staging_target_path")?;
     let node_id = d.config.node_id.clone();
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = match d.find_volume(&id).await? {
-        Some(v) if !member::is_node_local(&v) || member::in_use(&v, &node_id) => v,
-        // Unknown here (or a node-local record nothing uses): a member
-        // volume is described by the request itself.
-        _ => member::adopt(d, &id, &req.publish_context, &req.volume_context, &cap)?,
-    };
-    // Attachment is recorded by this process's controller only when both
-    // services share the store (standalone `--mode all`); a node-local
-    // record's attachment is the controller's publish_context.
-    let attach_required = d.config.mode.controller() || member::is_node_local(&vol);
+    let vol = node_local::record_for_stage(d, &id, &req.publish_context, &req.volume_context, &cap)
+        .await?;
+    let attach_required = state::stage_needs_attachment(&vol, d.config.mode.controller());
     let next = match state::node_stage(&vol, &node_id, &path, &cap, attach_required)? {
         Step::Unchanged => {
-            let src = source::of(d, &vol, &node_id).ok();
+            let src = sources::of(d, &vol, &node_id).ok();
             if src
                 .as_ref()
-                .is_some_and(|s| source::staged(s, Path::new(&path), &cap))
+                .is_some_and(|s| s.is_staged(Path::new(&path), &cap))
             {
                 return Ok(csi::NodeStageVolumeResponse {});
             }
-            if src.as_ref().and_then(source::proxied).is_some() {
+            if src.as_ref().is_some_and(|s| s.delegates()) {
                 // Its plugin may stage without a mount here: ask it again.
                 tracing::debug!(volume_id = %id, staging = %path, "repeating the stage through the member plugin");
             } else {
@@ -86,11 +73,13 @@ pub async fn stage(
             *next
         }
     };
-    let readonly = staged_readonly(&next, &node_id, &cap);
-    let staged = match source::of(d, &next, &node_id) {
-        Ok(src) => {
-            source::stage(d, &src, Path::new(&path), &cap, default_fs(&next), readonly).await
-        }
+    let at = Staging {
+        path: Path::new(&path),
+        cap: &cap,
+        readonly: staged_readonly(&next, &node_id, &cap),
+    };
+    let staged = match sources::of(d, &next, &node_id) {
+        Ok(src) => src.stage(at).await,
         Err(e) => Err(e),
     };
     match staged {
@@ -108,7 +97,7 @@ pub async fn stage(
                 .and_then(|n| n.stage.as_ref())
                 .is_some_and(|s| s.progress != Progress::Done)
             {
-                member::commit(d, &state::stage_removed(&next, &node_id), &node_id).await?;
+                node_local::commit(d, &state::stage_removed(&next, &node_id), &node_id).await?;
             }
             Err(e)
         }
@@ -138,9 +127,9 @@ pub async fn unstage(
         .and_then(|n| n.stage.as_ref())
         .map(|s| s.capability.clone())
         .ok_or_else(|| CsiError::Internal("stage record vanished".into()))?;
-    let src = source::for_teardown(d, &next, &node_id)?;
-    source::unstage(d, &src, Path::new(&path), &cap).await?;
-    member::commit(d, &state::stage_removed(&next, &node_id), &node_id).await?;
+    let src = sources::for_teardown(d, &next, &node_id)?;
+    src.unstage(Path::new(&path), &cap).await?;
+    node_local::commit(d, &state::stage_removed(&next, &node_id), &node_id).await?;
     tracing::info!(volume_id = %id, staging = %path, "volume unstaged");
     Ok(csi::NodeUnstageVolumeResponse {})
 }

@@ -2,12 +2,11 @@
 
 use std::path::Path;
 
-use crate::backend::NodeSource;
 use crate::csi::{self, volume_usage::Unit};
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::mountinfo;
-use crate::node::{member, source};
+use crate::node::sources;
 use crate::validate;
 use crate::volume::Volume;
 
@@ -44,7 +43,7 @@ pub async fn stats(
     };
     let path = Path::new(&req.volume_path);
     let node_id = &d.config.node_id;
-    let src = source::of(d, &vol, node_id).ok();
+    let src = sources::of(d, &vol, node_id).ok();
     let staging = vol
         .node(node_id)
         .and_then(|n| n.stage.as_ref())
@@ -52,23 +51,21 @@ pub async fn stats(
     // A member CSI volume's own plugin knows its usage best.
     let mut forwarded = None;
     let mut plugin_error = None;
-    if let Some(v) = src.as_ref().and_then(source::proxied) {
-        if !is_staging {
-            match member::stats_proxied(d, &v, path, staging).await {
-                Ok(reply) => forwarded = reply,
-                // Reported as the volume's condition, with what this node sees.
-                Err(e) => plugin_error = Some(e.to_string()),
-            }
+    if let (Some(src), false) = (&src, is_staging) {
+        match src.forwarded_stats(path, staging).await {
+            Ok(reply) => forwarded = reply,
+            // Reported as the volume's condition, with what this node sees.
+            Err(e) => plugin_error = Some(e.to_string()),
         }
     }
     let probe = if cap.is_block() && is_staging {
-        path.join(crate::node::mounter::BLOCK_DEVICE_FILE)
+        sources::staged_source(path, cap)
     } else {
         path.to_path_buf()
     };
-    let mut health = match &src {
-        Some(NodeSource::Member(m)) if member::is_node_local(&vol) => member::health(m),
-        _ => d.backend.health(&vol).await,
+    let mut health = match src.as_ref().and_then(|s| s.own_health()) {
+        Some(h) => h,
+        None => d.backend.health(&vol).await,
     };
     if let Some(why) = plugin_error {
         health.abnormal = true;
@@ -94,11 +91,10 @@ pub async fn stats(
         });
     }
     let usage = if cap.is_block() {
-        let size = d
-            .backend_path(&vol)
-            .ok()
-            .and_then(|p| std::fs::metadata(p).ok())
-            .map_or(vol.capacity_bytes, |m| m.len());
+        let size = src
+            .as_ref()
+            .and_then(|s| s.block_bytes())
+            .unwrap_or(vol.capacity_bytes);
         vec![csi::VolumeUsage {
             available: 0,
             total: size as i64,
