@@ -16,8 +16,35 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+/// glibc gives each thread that allocates under contention an arena of its
+/// own, up to eight per core, and never returns their fragments: under a
+/// burst of concurrent node calls (one blocking thread each) the resident
+/// memory grew by half (measured 46 MB against 32 MB with 10,000 volumes).
+/// Two arenas are plenty for a driver whose allocations are small and short.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; it is called before
+    // any other thread exists.
+    unsafe {
+        nix::libc::mallopt(nix::libc::M_ARENA_MAX, 2);
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    limit_malloc_arenas();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(run()),
+        Err(e) => {
+            eprintln!("csi-relay: cannot start the async runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Crd => match csi_relay::member::relay_volume::crd_yaml() {
