@@ -1151,6 +1151,26 @@ mod tests {
         assert!(after.volume(&format!("v{}", rounds - 1)).unwrap().is_some());
     }
 
+    #[test]
+    fn after_a_log_failure_no_change_is_accepted_and_probe_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.put_volume(&vol("a", "name-a")).unwrap();
+        let e = std::io::Error::other("EIO");
+        let failed = store.journal.lock().fail(1, &e);
+        assert!(failed[0].is_err());
+        let refused = store.put_volume(&vol("b", "name-b")).unwrap_err();
+        assert!(refused.to_string().contains("restarted"), "{refused}");
+        assert!(store.healthy().is_err());
+        assert!(store.volume("b").unwrap().is_none());
+        // A restart replays the log and accepts changes again.
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        store.healthy().unwrap();
+        assert!(store.volume("a").unwrap().is_some());
+        store.put_volume(&vol("b", "name-b")).unwrap();
+    }
+
     fn corrupt(store: &Store, id: &str) {
         let txn = store.db.begin_write().unwrap();
         txn.open_table(VOLUMES)
