@@ -75,6 +75,20 @@ pub struct Capability {
 pub const SUPPORTED_FS_TYPES: &[&str] = &["ext4", "ext3", "xfs"];
 
 impl Capability {
+    /// A single-node writer mount with no fs_type or flags: the plainest
+    /// capability, for tests.
+    #[cfg(test)]
+    pub fn plain_mount() -> Capability {
+        Capability {
+            mode: AccessMode::SingleNodeWriter,
+            access: AccessType::Mount {
+                fs_type: String::new(),
+                mount_flags: vec![],
+                volume_mount_group: String::new(),
+            },
+        }
+    }
+
     /// Decodes one capability; `field` names it in error messages.
     pub fn from_wire(cap: &VolumeCapability, field: &'static str) -> CsiResult<Self> {
         let mode = match cap.access_mode.as_ref().map(|m| m.mode()) {

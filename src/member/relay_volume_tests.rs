@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::capability::{AccessMode, AccessType, Capability};
+use crate::capability::Capability;
 use crate::config::DriverConfig;
 use crate::member::backend::MemberBackend;
 use crate::member::testing;
@@ -17,14 +17,7 @@ const RV: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
 const VOL_ID: &str = "m-east-0123456789abcdef0123456789abcdef";
 
 fn cap() -> Capability {
-    Capability {
-        mode: AccessMode::SingleNodeWriter,
-        access: AccessType::Mount {
-            fs_type: String::new(),
-            mount_flags: vec![],
-            volume_mount_group: String::new(),
-        },
-    }
+    Capability::plain_mount()
 }
 
 fn volume() -> Volume {

@@ -231,18 +231,10 @@ pub fn ephemeral_use(existing: Option<&Volume>, id: &str) -> CsiResult<Option<Vo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capability::{AccessMode, AccessType};
     use crate::volume::{Attachment, NodeRecord};
 
     fn cap() -> Capability {
-        Capability {
-            mode: AccessMode::SingleNodeWriter,
-            access: AccessType::Mount {
-                fs_type: String::new(),
-                mount_flags: vec![],
-                volume_mount_group: String::new(),
-            },
-        }
+        Capability::plain_mount()
     }
 
     fn new_volume() -> NewVolume {

@@ -138,19 +138,11 @@ pub fn settled(vol: &Volume, node_id: &str) -> Settled {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capability::{AccessMode, AccessType};
     use crate::member::source::SourceKind;
     use crate::volume::{Progress, Stage};
 
     fn cap() -> Capability {
-        Capability {
-            mode: AccessMode::SingleNodeWriter,
-            access: AccessType::Mount {
-                fs_type: String::new(),
-                mount_flags: vec![],
-                volume_mount_group: String::new(),
-            },
-        }
+        Capability::plain_mount()
     }
 
     fn facts() -> AdoptFacts<'static> {

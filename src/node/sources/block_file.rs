@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::bind::{self, ensure_dir, ensure_file, foreign, mounted, shows, stat};
-use super::{Expansion, Publishing, Source, Staging, BLOCK_DEVICE_FILE};
+use super::{Expansion, Source, Staging, BLOCK_DEVICE_FILE};
 use crate::capability::Capability;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::options::MountOptions;
@@ -65,15 +65,6 @@ impl Source for BlockFile {
         loopdev::detach_file(&self.file)
             .await
             .map_err(|e| CsiError::io("detach loop device of", &self.file, e))
-    }
-
-    async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
-        let staging = p.staging.ok_or_else(|| super::not_staged(p.volume_id))?;
-        bind::publish_staged(p.volume_id, staging, p.target, p.cap, p.readonly)
-    }
-
-    async fn unpublish(&self, target: &Path) -> CsiResult<()> {
-        bind::unpublish(target)
     }
 
     fn staged_device(&self) -> Option<String> {

@@ -1,10 +1,9 @@
 //! A directory on this node (the local backend's directory volumes and
 //! inline ephemeral volumes): bind-mounted, for mount access only.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::{bind, Expansion, Publishing, Source, Staging};
-use crate::capability::Capability;
 use crate::error::CsiResult;
 
 #[derive(Debug, Clone)]
@@ -33,10 +32,6 @@ impl Source for Directory {
         bind::stage_dir(&self.dir, at.path, at.cap, at.readonly).map(|()| None)
     }
 
-    async fn unstage(&self, staging: &Path, cap: &Capability) -> CsiResult<()> {
-        bind::unstage(staging, cap)
-    }
-
     async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
         match p.staging {
             Some(staging) => {
@@ -45,10 +40,6 @@ impl Source for Directory {
             // An inline volume is never staged: its directory is the source.
             None => bind::publish(&self.dir, p.target, p.cap, p.readonly),
         }
-    }
-
-    async fn unpublish(&self, target: &Path) -> CsiResult<()> {
-        bind::unpublish(target)
     }
 
     /// A directory has no device or filesystem of its own to grow.

@@ -7,9 +7,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::member_pv::MemberPv;
-use super::{bind, Expansion, Publishing, Source, Staging};
+use super::{bind, Expansion, Source, Staging};
 use crate::backend::Health;
-use crate::capability::Capability;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::target_path;
 
@@ -75,19 +74,6 @@ impl Source for HostPath {
         self.member.mount_access_only(at.cap)?;
         let dir = self.dir(at.path)?;
         bind::stage_dir(&dir, at.path, at.cap, at.readonly).map(|()| None)
-    }
-
-    async fn unstage(&self, staging: &Path, cap: &Capability) -> CsiResult<()> {
-        bind::unstage(staging, cap)
-    }
-
-    async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
-        let staging = p.staging.ok_or_else(|| super::not_staged(p.volume_id))?;
-        bind::publish_staged(p.volume_id, staging, p.target, p.cap, p.readonly)
-    }
-
-    async fn unpublish(&self, target: &Path) -> CsiResult<()> {
-        bind::unpublish(target)
     }
 
     fn own_health(&self) -> Option<Health> {

@@ -89,14 +89,23 @@ pub trait Source: Send + Sync {
     /// Stages the volume; returns the loop device used, if any.
     async fn stage(&self, at: Staging<'_>) -> CsiResult<Option<String>>;
 
-    /// Reverses [`Source::stage`]. Nothing staged is success.
-    async fn unstage(&self, staging: &Path, cap: &Capability) -> CsiResult<()>;
+    /// Reverses [`Source::stage`]. Nothing staged is success. By default
+    /// what stage mounted at the staging path is unmounted.
+    async fn unstage(&self, staging: &Path, cap: &Capability) -> CsiResult<()> {
+        bind::unstage(staging, cap)
+    }
 
-    async fn publish(&self, p: Publishing<'_>) -> CsiResult<()>;
+    /// By default a bind mount of the staged volume at the target.
+    async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
+        let staging = p.staging.ok_or_else(|| not_staged(p.volume_id))?;
+        bind::publish_staged(p.volume_id, staging, p.target, p.cap, p.readonly)
+    }
 
     /// Reverses [`Source::publish`]: the target is unmounted and removed.
     /// Absent is success.
-    async fn unpublish(&self, target: &Path) -> CsiResult<()>;
+    async fn unpublish(&self, target: &Path) -> CsiResult<()> {
+        bind::unpublish(target)
+    }
 
     /// Whether a finished stage's mount is still there (a repeated stage
     /// answers at once; a restart restores what is not).

@@ -1,12 +1,9 @@
 //! A member PV's NFS export, mounted here with `mount -t nfs` at the
 //! staging path and bound from there to each target.
 
-use std::path::Path;
-
 use super::member_pv::MemberPv;
-use super::{bind, Expansion, Publishing, Source, Staging};
+use super::{bind, Expansion, Source, Staging};
 use crate::backend::Health;
-use crate::capability::Capability;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::{mountinfo, nfs, syscalls};
 use crate::node::paths::guard;
@@ -60,19 +57,6 @@ impl Source for Nfs {
             return Err(CsiError::io("mount NFS export at", &staging, e));
         }
         Ok(None)
-    }
-
-    async fn unstage(&self, staging: &Path, cap: &Capability) -> CsiResult<()> {
-        bind::unstage(staging, cap)
-    }
-
-    async fn publish(&self, p: Publishing<'_>) -> CsiResult<()> {
-        let staging = p.staging.ok_or_else(|| super::not_staged(p.volume_id))?;
-        bind::publish_staged(p.volume_id, staging, p.target, p.cap, p.readonly)
-    }
-
-    async fn unpublish(&self, target: &Path) -> CsiResult<()> {
-        bind::unpublish(target)
     }
 
     fn own_health(&self) -> Option<Health> {
