@@ -8,6 +8,8 @@
 //! `cargo run --release --bin relay-bench -- [--clients 1,16,64] [--volumes 0,10000] [--lifecycles 400]`
 //! `cargo run --release --bin relay-bench -- --snapshots` times snapshot and
 //! clone of a 10 GiB sparse block volume holding 1 MiB of data.
+//! `--endpoint SOCKET --node-id ID [--pid PID]` drives another, already
+//! running CSI driver the same way, for a side-by-side comparison.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,6 +38,16 @@ struct Args {
     /// Size of the volume for --snapshots.
     #[arg(long, default_value_t = 10 << 30)]
     snapshot_volume_bytes: i64,
+    /// Drive an already running CSI driver at this unix socket instead of
+    /// starting csi-relay (e.g. the reference hostpath driver, side by side).
+    #[arg(long)]
+    endpoint: Option<PathBuf>,
+    /// The node id the driver reports (ControllerPublishVolume's node_id).
+    #[arg(long, default_value = "bench-node")]
+    node_id: String,
+    /// With --endpoint: the driver's pid, for its RSS.
+    #[arg(long)]
+    pid: Option<u32>,
 }
 
 fn allocated(path: &Path) -> u64 {
@@ -254,7 +266,13 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 type BenchResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// One full lifecycle, as kubelet and the sidecars drive it.
-async fn lifecycle(channel: &Channel, base: &Path, name: &str, s: &mut Samples) -> BenchResult<()> {
+async fn lifecycle(
+    channel: &Channel,
+    node_id: &str,
+    base: &Path,
+    name: &str,
+    s: &mut Samples,
+) -> BenchResult<()> {
     use csi_relay::csi::node_client::NodeClient;
     let mut c = ControllerClient::new(channel.clone());
     let mut n = NodeClient::new(channel.clone());
@@ -274,7 +292,7 @@ async fn lifecycle(channel: &Channel, base: &Path, name: &str, s: &mut Samples) 
     let published = c
         .controller_publish_volume(csi::ControllerPublishVolumeRequest {
             volume_id: id.clone(),
-            node_id: "bench-node".into(),
+            node_id: node_id.to_string(),
             volume_capability: Some(cap()),
             ..Default::default()
         })
@@ -319,7 +337,7 @@ async fn lifecycle(channel: &Channel, base: &Path, name: &str, s: &mut Samples) 
     let t = Instant::now();
     c.controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
         volume_id: id.clone(),
-        node_id: "bench-node".into(),
+        node_id: node_id.to_string(),
         ..Default::default()
     })
     .await?;
@@ -342,32 +360,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let exe = std::env::current_exe()?.with_file_name("csi-relay");
     let dir = std::env::temp_dir().join(format!("relay-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let socket = dir.join("csi.sock");
-    let child = Command::new(&exe)
-        .args(["serve", "--node-id", "bench-node", "--endpoint"])
-        .arg(format!("unix://{}", socket.display()))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!(
-                "starting {}: {e} (build it first: cargo build --release)",
-                exe.display()
-            )
-        })?;
-    let _server = Server {
-        child,
-        dir: dir.clone(),
+    let (socket, server) = match &args.endpoint {
+        Some(endpoint) => (endpoint.clone(), None),
+        None => {
+            let socket = dir.join("csi.sock");
+            let child = Command::new(&exe)
+                .args(["serve", "--node-id", &args.node_id, "--endpoint"])
+                .arg(format!("unix://{}", socket.display()))
+                .arg("--state-dir")
+                .arg(dir.join("state"))
+                .env("RUST_LOG", "warn")
+                .stdin(Stdio::null())
+                .spawn()
+                .map_err(|e| {
+                    format!(
+                        "starting {}: {e} (build it first: cargo build --release)",
+                        exe.display()
+                    )
+                })?;
+            let server = Server {
+                child,
+                dir: dir.clone(),
+            };
+            (socket, Some(server))
+        }
     };
     let channel = connect(&socket).await?;
     let mut c = ControllerClient::new(channel.clone());
     if args.snapshots {
+        if server.is_none() {
+            return Err("--snapshots reads csi-relay's own state dir: not with --endpoint".into());
+        }
         return snapshots(&mut c, &dir.join("state"), args.snapshot_volume_bytes).await;
     }
-    let pid = _server.child.id();
-    println!("driver idle RSS: {} KiB", rss_kib(pid).0);
+    let pid = match &server {
+        Some(s) => Some(s.child.id()),
+        None => args.pid,
+    };
+    let rss = |pid: Option<u32>| pid.map_or((0, 0), rss_kib);
+    println!("driver idle RSS: {} KiB", rss(pid).0);
     // The floor every call pays: a round trip that does no work.
     let mut n = csi_relay::csi::node_client::NodeClient::new(channel.clone());
     let mut floor = Vec::new();
@@ -392,7 +423,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!(
                 "filled {existing} volumes in {:.1} s; RSS {} KiB",
                 started.elapsed().as_secs_f64(),
-                rss_kib(pid).0
+                rss(pid).0
             );
         }
         for &clients in &args.clients {
@@ -402,12 +433,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut tasks = Vec::new();
             for w in 0..clients {
                 let channel = channel.clone();
+                let node_id = args.node_id.clone();
                 let base = dir.join(format!("r{run}-c{w}"));
                 tasks.push(tokio::spawn(async move {
                     let mut samples = Samples::default();
                     for i in 0..per_client {
-                        lifecycle(&channel, &base, &format!("r{run}-c{w}-{i}"), &mut samples)
-                            .await?;
+                        let name = format!("r{run}-c{w}-{i}");
+                        lifecycle(&channel, &node_id, &base, &name, &mut samples).await?;
                     }
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(samples)
                 }));
@@ -418,7 +450,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let secs = started.elapsed().as_secs_f64();
             let n = per_client * clients;
-            let (rss, hwm) = rss_kib(pid);
+            let (rss, hwm) = rss(pid);
             println!(
                 "{existing:>6} existing, {clients:>3} clients: {:>7.1} lifecycles/s ({n} in {secs:.2} s), RSS {rss} KiB (peak {hwm} KiB)",
                 n as f64 / secs
@@ -427,6 +459,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 report(name, samples);
             }
         }
+    }
+    if server.is_none() {
+        // Our staging and target directories (a started server's go with it).
+        let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
 }
