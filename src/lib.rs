@@ -24,6 +24,7 @@ pub mod observer_queue;
 pub mod page_token;
 pub mod params;
 pub mod registrar;
+pub mod resident;
 pub mod server;
 pub mod service;
 pub mod state;

@@ -347,6 +347,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
             }
         });
     }
+    // Start-up is over: its code pages need not stay mapped.
+    tokio::spawn(crate::resident::trim_when_idle());
     let mut router =
         Server::builder().add_service(IdentityServer::new(IdentityService::new(driver.clone())));
     if driver.config.mode.controller() {
