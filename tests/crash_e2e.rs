@@ -18,20 +18,12 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, ListParams};
 use tonic::Code;
 
-use e2e_support::{eventually, map_host_node, publish_request, relay_made, until_ok};
+use e2e_support::{
+    eventually, map_host_node, member_create, publish_request, relay_made, start_member_relay,
+    until_ok,
+};
 
 const ROUNDS: u64 = 20;
-
-fn create_request(name: &str, env: &e2e_support::Env) -> csi::CreateVolumeRequest {
-    let mut req = common::req::create(name, 1 << 24, snw());
-    req.parameters = [
-        ("member".to_string(), "e2e".to_string()),
-        ("memberStorageClass".to_string(), env.storage_class.clone()),
-        ("memberNamespace".to_string(), env.namespace.clone()),
-    ]
-    .into();
-    req
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_after() {
@@ -44,21 +36,10 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
     e2e_support::install_crd(&host).await;
     let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
     map_host_node(&host, &host_node, Some("member-node-1")).await;
-    let member_arg = format!("e2e={}", env.member_kubeconfig);
-    let mut d = common::Driver::start_as(
+    let mut d = start_member_relay(
+        &env,
         "controller",
-        &[
-            "--mode",
-            "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
-            "--housekeeping-interval",
-            "3",
-        ],
+        &["--mode", "controller", "--housekeeping-interval", "3"],
     )
     .await;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), &env.namespace);
@@ -69,7 +50,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
         let name = format!("crash-{run}-{round}");
         // The flow the sidecars drive, cut short by a SIGKILL.
         let channel = d.channel.clone();
-        let req = create_request(&name, &env);
+        let req = member_create(&env, &name, 1 << 24);
         let node = host_node.clone();
         let flow = tokio::spawn(async move {
             let mut c = csi::controller_client::ControllerClient::new(channel);
@@ -105,7 +86,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
         let c = d.controller();
         let vol = until_ok("CreateVolume retry", || {
             let mut c = c.clone();
-            let req = create_request(&name, &env);
+            let req = member_create(&env, &name, 1 << 24);
             async move { c.create_volume(req).await }
         })
         .await

@@ -14,18 +14,12 @@ use csi_relay::csi;
 use tonic::Code;
 
 async fn start(env: &e2e_support::Env, name: &str) -> common::Driver {
-    let member_arg = format!("e2e={}", env.member_kubeconfig);
-    common::Driver::start_as(
+    e2e_support::start_member_relay(
+        env,
         name,
         &[
             "--mode",
             "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
             "--leader-election",
             "--leader-election-namespace",
             "default",

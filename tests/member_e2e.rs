@@ -22,7 +22,10 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 
-use e2e_support::{client, env, eventually, map_host_node, publish_request, until_ok};
+use e2e_support::{
+    client, env, eventually, map_host_node, member_create, plugins_dir, publish_request,
+    start_member_relay, until_ok,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_volume_lifecycle_on_real_clusters() {
@@ -65,22 +68,15 @@ async fn member_volume_lifecycle_on_real_clusters() {
 
     // kubelet's plugins dir as the relay sees it: the member driver's node
     // plugin socket at <dir>/<driver>/csi.sock.
-    let plugins = tempfile::tempdir().expect("plugins dir");
-    if let Some((driver, sock)) = &env.member_plugin {
-        std::fs::create_dir_all(plugins.path().join(driver)).unwrap();
-        std::os::unix::fs::symlink(sock, plugins.path().join(driver).join("csi.sock")).unwrap();
-    }
-    let member_arg = format!("e2e={}", env.member_kubeconfig);
+    let plugins = match &env.member_plugin {
+        Some((driver, sock)) => plugins_dir(driver, sock),
+        None => tempfile::tempdir().expect("plugins dir"),
+    };
     let plugins_dir = plugins.path().to_string_lossy().into_owned();
-    let mut d = common::Driver::start_as(
+    let mut d = start_member_relay(
+        &env,
         &host_node,
         &[
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
             "--plugins-dir",
             &plugins_dir,
             "--housekeeping-interval",
@@ -90,13 +86,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     .await;
 
     let mut c = d.controller();
-    let mut req = common::req::create(&format!("e2e-{}", std::process::id()), 1 << 30, snw());
-    req.parameters = [
-        ("member".to_string(), "e2e".to_string()),
-        ("memberStorageClass".to_string(), env.storage_class.clone()),
-        ("memberNamespace".to_string(), env.namespace.clone()),
-    ]
-    .into();
+    let req = member_create(&env, &format!("e2e-{}", std::process::id()), 1 << 30);
     let vol = c
         .create_volume(req.clone())
         .await

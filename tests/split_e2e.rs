@@ -15,7 +15,10 @@ use csi_relay::member::relay_volume::object_name;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 
-use e2e_support::{client, env, eventually, map_host_node, publish_request, until_ok, wait_phase};
+use e2e_support::{
+    client, env, eventually, map_host_node, member_create, plugins_dir, publish_request,
+    start_member_relay, until_ok, wait_phase,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_controller_and_node_walk_every_phase_and_back() {
@@ -43,30 +46,10 @@ async fn split_controller_and_node_walk_every_phase_and_back() {
     let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
     map_host_node(&host, &host_node, Some(&member_node)).await;
 
-    let member_arg = format!("e2e={}", env.member_kubeconfig);
-    let controller = common::Driver::start_as(
-        "controller",
-        &[
-            "--mode",
-            "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
-        ],
-    )
-    .await;
+    let controller = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
     // The node plugin: no member kubeconfig, only the host (RelayVolumes)
     // and the member driver's node plugin socket in kubelet's plugins dir.
-    let plugins = tempfile::tempdir().expect("plugins dir");
-    std::fs::create_dir_all(plugins.path().join(&member_driver)).unwrap();
-    std::os::unix::fs::symlink(
-        &member_sock,
-        plugins.path().join(&member_driver).join("csi.sock"),
-    )
-    .unwrap();
+    let plugins = plugins_dir(&member_driver, &member_sock);
     let plugins_dir = plugins.path().to_string_lossy().into_owned();
     let node = common::Driver::start_as(
         &host_node,
@@ -86,13 +69,7 @@ async fn split_controller_and_node_walk_every_phase_and_back() {
     .await;
 
     let mut c = controller.controller();
-    let mut req = common::req::create(&format!("split-{}", std::process::id()), 1 << 24, snw());
-    req.parameters = [
-        ("member".to_string(), "e2e".to_string()),
-        ("memberStorageClass".to_string(), env.storage_class.clone()),
-        ("memberNamespace".to_string(), env.namespace.clone()),
-    ]
-    .into();
+    let req = member_create(&env, &format!("split-{}", std::process::id()), 1 << 24);
     let vol = c
         .create_volume(req)
         .await

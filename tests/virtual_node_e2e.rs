@@ -35,20 +35,24 @@ use e2e_support::{attached_va, client, eventually, phase as rv_phase, relay_made
 
 const DRIVER: &str = "relay.csi.dev";
 
+/// The shared environment, and what only this test needs: a virtual node
+/// and the host sidecars' binaries.
 struct Env {
-    host_kubeconfig: String,
-    member_kubeconfig: String,
-    storage_class: String,
+    shared: e2e_support::Env,
     virtual_node: String,
     sidecars: PathBuf,
 }
 
+impl std::ops::Deref for Env {
+    type Target = e2e_support::Env;
+    fn deref(&self) -> &e2e_support::Env {
+        &self.shared
+    }
+}
+
 fn env() -> Option<Env> {
-    let shared = e2e_support::env()?;
     Some(Env {
-        host_kubeconfig: shared.host_kubeconfig,
-        member_kubeconfig: shared.member_kubeconfig,
-        storage_class: shared.storage_class,
+        shared: e2e_support::env()?,
         virtual_node: std::env::var("RELAY_E2E_VIRTUAL_NODE").ok()?,
         sidecars: PathBuf::from(std::env::var("RELAY_E2E_SIDECARS").ok()?),
     })
@@ -106,18 +110,12 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
 
     // The relay controller (split deployment: --mode controller) with its
     // virtual-node registrar.
-    let member_arg = format!("e2e={}", env.member_kubeconfig);
-    let d = common::Driver::start_as(
+    let d = e2e_support::start_member_relay(
+        &env.shared,
         "controller",
         &[
             "--mode",
             "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
             "--virtual-node-registrar",
             "--housekeeping-interval",
             "5",

@@ -183,3 +183,42 @@ pub async fn attached_va(
     })
     .await
 }
+
+/// A CreateVolume for a member volume of `bytes` in the environment's
+/// member class and namespace, single-node-writer mount access.
+pub fn member_create(env: &Env, name: &str, bytes: i64) -> csi_relay::csi::CreateVolumeRequest {
+    let mut req = super::common::req::create(name, bytes, super::common::req::snw());
+    req.parameters = [
+        ("member".to_string(), "e2e".to_string()),
+        ("memberStorageClass".to_string(), env.storage_class.clone()),
+        ("memberNamespace".to_string(), env.namespace.clone()),
+    ]
+    .into();
+    req
+}
+
+/// Starts a relay serving from the environment's member cluster (named
+/// `e2e`), its RelayVolumes in the host, with `extra` flags.
+pub async fn start_member_relay(env: &Env, node_id: &str, extra: &[&str]) -> super::common::Driver {
+    let member_arg = format!("e2e={}", env.member_kubeconfig);
+    let mut args = vec![
+        "--backend",
+        "member",
+        "--member",
+        member_arg.as_str(),
+        "--host-kubeconfig",
+        env.host_kubeconfig.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    super::common::Driver::start_as(node_id, &args).await
+}
+
+/// kubelet's plugins dir as the relay sees it: `driver`'s node plugin
+/// socket at `<dir>/<driver>/csi.sock`.
+pub fn plugins_dir(driver: &str, sock: &str) -> tempfile::TempDir {
+    let plugins = tempfile::tempdir().expect("plugins dir");
+    std::fs::create_dir_all(plugins.path().join(driver)).expect("plugin dir");
+    std::os::unix::fs::symlink(sock, plugins.path().join(driver).join("csi.sock"))
+        .expect("plugin socket link");
+    plugins
+}
