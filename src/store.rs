@@ -212,11 +212,6 @@ impl Store {
         })
     }
 
-    /// Makes every change committed so far durable (lazy ones included).
-    pub fn flush(&self) -> StoreResult<()> {
-        self.commits.flush()
-    }
-
     /// Makes every change durable in redb itself and empties the log, so
     /// the next start replays nothing (a clean shutdown).
     pub fn checkpoint(&self) -> StoreResult<()> {
@@ -1149,6 +1144,22 @@ mod tests {
         let after = Store::open(crashed.path()).unwrap();
         assert_eq!(after.allocated_bytes().unwrap(), 200 + rounds * 100);
         assert!(after.volume(&format!("v{}", rounds - 1)).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_log_record_this_version_cannot_read_stops_start_up_and_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::open(dir.path()).unwrap());
+        let (mut wal, _) = Wal::open(&dir.path().join("state.wal"), WAL_BYTES, 0).unwrap();
+        wal.append(br#"[{"SomeFutureOp":1}]"#).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let refused = Store::open(dir.path()).err().expect("start-up must refuse");
+        let msg = refused.to_string();
+        assert!(
+            msg.contains("state.wal") && msg.contains("record 1"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -222,6 +222,27 @@ mod tests {
     }
 
     #[test]
+    fn a_short_log_is_extended_and_keeps_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.wal");
+        let (mut wal, _) = Wal::open(&path, 4096, 0).unwrap();
+        wal.append(b"kept").unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        // A crash while the file was being made leaves it short.
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(100)
+            .unwrap();
+        let (_, got) = Wal::open(&path, 4096, 0).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].payload, b"kept");
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4096);
+    }
+
+    #[test]
     fn a_full_log_refuses_instead_of_overrunning() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(&dir.path().join("w"), 64, 0).unwrap();
