@@ -37,20 +37,20 @@ pub fn decode(context: &BTreeMap<String, String>) -> CsiResult<MemberSource> {
 /// The source `vol` is staged and published from on `node_id`.
 pub fn of(d: &Driver, vol: &Volume, node_id: &str) -> CsiResult<Box<dyn Source>> {
     let node_local = is_node_local(vol);
-    match member_source(d, vol, node_id)? {
-        Some(m) => Ok(member(d, m, node_local)),
-        None => Ok(match d.backend.node_source(vol)? {
-            NodeSource::Directory(dir) => Box::new(Directory::new(dir)),
-            NodeSource::BlockFile(file) => {
-                let fs_type = match &vol.backing {
-                    Backing::BlockFile { fs_type } => fs_type.clone(),
-                    _ => String::new(),
-                };
-                Box::new(BlockFile::new(file, fs_type))
-            }
-            NodeSource::Member(m) => member(d, *m, node_local),
-        }),
+    if let Some(m) = attached_member_source(vol, node_id)? {
+        return Ok(member(d, m, node_local));
     }
+    Ok(match d.backend.node_source(vol)? {
+        NodeSource::Directory(dir) => Box::new(Directory::new(dir)),
+        NodeSource::BlockFile(file) => {
+            let fs_type = match &vol.backing {
+                Backing::BlockFile { fs_type } => fs_type.clone(),
+                _ => String::new(),
+            };
+            Box::new(BlockFile::new(file, fs_type))
+        }
+        NodeSource::Member(m) => member(d, *m, node_local),
+    })
 }
 
 /// The source to unpublish and unstage with. A member volume whose source
@@ -81,10 +81,10 @@ pub fn for_restore(d: &Driver, vol: &Volume, node_id: &str) -> CsiResult<Option<
     }
 }
 
-/// The member source `vol` has on `node_id`: this node's attachment's
-/// publish_context when it describes one, else what the backend says of a
-/// member-backed record. `None` for every other volume.
-fn member_source(d: &Driver, vol: &Volume, node_id: &str) -> CsiResult<Option<MemberSource>> {
+/// The member source this node's attachment's publish_context describes,
+/// if it describes one (otherwise the backend says what the record is
+/// mounted from). A node-local record has nothing else to go by.
+fn attached_member_source(vol: &Volume, node_id: &str) -> CsiResult<Option<MemberSource>> {
     let context = vol
         .node(node_id)
         .and_then(|n| n.attachment.as_ref())
@@ -99,13 +99,7 @@ fn member_source(d: &Driver, vol: &Volume, node_id: &str) -> CsiResult<Option<Me
             vol.id
         )));
     }
-    match &vol.backing {
-        Backing::Member { .. } => match d.backend.node_source(vol)? {
-            NodeSource::Member(m) => Ok(Some(*m)),
-            _ => Ok(None),
-        },
-        _ => Ok(None),
-    }
+    Ok(None)
 }
 
 fn member(d: &Driver, source: MemberSource, node_local: bool) -> Box<dyn Source> {
