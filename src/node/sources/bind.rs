@@ -97,14 +97,14 @@ pub(super) fn stage_dir(
     cap: &Capability,
     readonly: bool,
 ) -> CsiResult<()> {
-    let staging = guard(staging, "staging_target_path")?;
-    ensure_dir(&staging)?;
     if cap.is_block() {
         return Err(CsiError::invalid(
             "volume_capability",
             "this volume is a directory and cannot be staged for raw block access",
         ));
     }
+    let staging = guard(staging, "staging_target_path")?;
+    ensure_dir(&staging)?;
     if mounted(&staging)? {
         if !shows(&staging, dir)? {
             return Err(foreign(&staging, dir));
