@@ -196,3 +196,26 @@ pub(super) fn unpublish(target: &Path) -> CsiResult<()> {
     syscalls::unmount_all(&target)?;
     remove_path(&target)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capability::{AccessMode, AccessType};
+
+    #[test]
+    fn raw_block_staging_of_a_directory_is_refused_before_anything_is_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join("staging");
+        let block = Capability {
+            mode: AccessMode::SingleNodeWriter,
+            access: AccessType::Block,
+        };
+        let err = stage_dir(tmp.path(), &staging, &block, false).unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument);
+        assert!(err.to_string().contains("raw block"), "{err}");
+        assert!(
+            !staging.exists(),
+            "nothing is created for a refused request"
+        );
+    }
+}
