@@ -15,6 +15,13 @@
 //! with. Every other frame passes byte for byte. Input this filter cannot
 //! make sense of is handed to h2 unchanged from then on, so h2 still judges
 //! (and refuses) malformed connections itself.
+//!
+//! A gRPC channel sends one authority on every call of a connection, so
+//! the first request tells which kind of client this is. When its
+//! authority is one h2 accepts (grpc-go, kubelet, the sidecars, tonic) the
+//! block goes on as it came and so does the rest of the connection: h2's
+//! decoder then shares the client's context, and decoding every header
+//! block again here would cost about a tenth of a small call's CPU.
 
 use std::io;
 use std::pin::Pin;
@@ -50,6 +57,12 @@ struct Block {
     raw: Vec<u8>,
 }
 
+enum Reencoded {
+    /// The block as the client sent it.
+    Verbatim,
+    Block(Vec<u8>),
+}
+
 /// The client-to-server rewriting: bytes in, bytes for h2 out.
 pub struct Rewriter {
     input: Vec<u8>,
@@ -60,6 +73,8 @@ pub struct Rewriter {
     raw_left: usize,
     block: Option<Block>,
     passthrough: bool,
+    /// A complete header block was handed to h2.
+    seen_block: bool,
     decoder: loona_hpack::Decoder<'static>,
     encoder: loona_hpack::Encoder<'static>,
     rewritten: u64,
@@ -77,6 +92,7 @@ impl Default for Rewriter {
             raw_left: 0,
             block: None,
             passthrough: false,
+            seen_block: false,
             decoder,
             encoder: loona_hpack::Encoder::new(),
             rewritten: 0,
@@ -256,8 +272,17 @@ impl Rewriter {
         let Some(block) = self.block.take() else {
             return false;
         };
-        match self.reencode(&block.fragment) {
-            Some(encoded) => {
+        let first = !self.seen_block;
+        self.seen_block = true;
+        match self.reencode(&block.fragment, first) {
+            Some(Reencoded::Verbatim) => {
+                // Nothing was re-encoded so far: h2's context is the
+                // client's, and stays so with every byte passed as is.
+                self.output.extend_from_slice(&block.raw);
+                self.passthrough = true;
+                true
+            }
+            Some(Reencoded::Block(encoded)) => {
                 self.emit(&encoded, block.stream, block.end_stream);
                 true
             }
@@ -268,18 +293,26 @@ impl Rewriter {
         }
     }
 
-    fn reencode(&mut self, fragment: &[u8]) -> Option<Vec<u8>> {
+    /// The block h2 is to decode; `first` when no block went to h2 yet, so
+    /// that a block with nothing to rewrite may go as it came.
+    fn reencode(&mut self, fragment: &[u8], first: bool) -> Option<Reencoded> {
         let mut headers = self.decoder.decode(fragment).ok()?;
+        let mut rewrite = false;
         for (name, value) in headers.iter_mut() {
             if name.as_slice() == b":authority" && !valid_authority(value) {
                 *value = b"localhost".to_vec();
-                self.rewritten += 1;
+                rewrite = true;
             }
         }
-        Some(
-            self.encoder
-                .encode(headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice()))),
-        )
+        if first && !rewrite {
+            return Some(Reencoded::Verbatim);
+        }
+        if rewrite {
+            self.rewritten += 1;
+        }
+        Some(Reencoded::Block(self.encoder.encode(
+            headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
+        )))
     }
 
     fn emit(&mut self, block: &[u8], stream: u32, end_stream: bool) {
@@ -493,6 +526,64 @@ mod tests {
         assert!(frames
             .iter()
             .any(|f| f.0 == 0 && f.3 == [0, 0, 0, 0, 0] && f.1 == END_STREAM));
+    }
+
+    #[test]
+    fn a_client_whose_first_authority_is_valid_is_passed_through_untouched() {
+        let mut client = loona_hpack::Encoder::new();
+        let mut wire = PREFACE.to_vec();
+        wire.extend_from_slice(&frame_header(0, 0x4, 0, 0));
+        let b1 = request_block(&mut client, "localhost");
+        // Padded, as a client may send it: it still goes as it came.
+        wire.extend_from_slice(&frame_header(
+            b1.len() + 3,
+            HEADERS,
+            END_HEADERS | PADDED,
+            1,
+        ));
+        wire.push(2);
+        wire.extend_from_slice(&b1);
+        wire.extend_from_slice(&[0, 0]);
+        wire.extend_from_slice(&frame_header(5, 0x0, END_STREAM, 1));
+        wire.extend_from_slice(&[0, 0, 0, 0, 0]);
+        // Later blocks index the client's table: h2 shares it.
+        for stream in [3u32, 5] {
+            let b = request_block(&mut client, "localhost");
+            wire.extend_from_slice(&frame_header(b.len(), HEADERS, END_HEADERS, stream));
+            wire.extend_from_slice(&b);
+        }
+        let mut r = Rewriter::default();
+        for chunk in wire.chunks(7) {
+            r.feed(chunk);
+        }
+        assert_eq!(r.pending(), wire.as_slice());
+        assert!(r.passthrough);
+        assert_eq!(r.rewritten(), 0);
+    }
+
+    #[test]
+    fn a_valid_authority_after_a_rewritten_one_is_still_reencoded() {
+        // Once h2 decodes with our context, every block must be ours.
+        let mut client = loona_hpack::Encoder::new();
+        let mut r = Rewriter::default();
+        r.feed(PREFACE);
+        for (stream, authority) in [(1u32, "/run/csi.sock"), (3, "localhost")] {
+            let b = request_block(&mut client, authority);
+            r.feed(&frame_header(b.len(), HEADERS, END_HEADERS, stream));
+            r.feed(&b);
+        }
+        let out = r.pending().to_vec();
+        let mut h2 = loona_hpack::Decoder::new();
+        let decoded: Vec<_> = frames(&out)
+            .iter()
+            .map(|f| h2.decode(&f.3).unwrap())
+            .collect();
+        assert!(!r.passthrough);
+        assert_eq!(decoded.len(), 2);
+        assert!(decoded[1]
+            .iter()
+            .any(|(n, v)| n == b":authority" && v == b"localhost"));
+        assert_eq!(r.rewritten(), 1);
     }
 
     #[test]

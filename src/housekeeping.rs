@@ -306,7 +306,8 @@ pub fn spawn(d: Driver, interval: Duration) -> tokio::task::JoinHandle<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match sweep(&d).await {
+            let work = d.clone();
+            match crate::offload::call("housekeeping", async move { sweep(&work).await }).await {
                 Ok(r) if r.is_empty() => {
                     tracing::debug!(busy = r.busy, "housekeeping: nothing to do")
                 }

@@ -21,6 +21,7 @@ pub mod mount;
 pub mod node;
 pub mod observe;
 pub mod observer_queue;
+pub mod offload;
 pub mod page_token;
 pub mod params;
 pub mod registrar;

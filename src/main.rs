@@ -32,7 +32,13 @@ fn limit_malloc_arenas() {
 
 fn main() -> std::process::ExitCode {
     limit_malloc_arenas();
-    match tokio::runtime::Builder::new_multi_thread()
+    // One async thread: every call that syncs, mounts or copies runs on
+    // the blocking pool in one piece (see `offload`), so this thread only
+    // speaks gRPC, and with no second worker to hand tasks to or wake it
+    // switches threads a third less often. Measured against two workers
+    // (csi-loadgen, 2 cores): 1 client 3.0 vs 3.3 ms of CPU per lifecycle;
+    // 64 clients 570-600 vs 470-500 lifecycles/s.
+    match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -337,7 +337,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
             .store(false, std::sync::atomic::Ordering::Release);
         let d = driver.clone();
         tokio::spawn(async move {
-            match crate::node::reconcile::reconcile(&d).await {
+            // Mounts and mount-table reads: off the async thread, which
+            // answers Probe meanwhile.
+            let work = d.clone();
+            let reconciled = crate::offload::call("node reconciliation", async move {
+                crate::node::reconcile::reconcile(&work).await
+            });
+            match reconciled.await {
                 Ok(_) => d
                     .node_ready
                     .store(true, std::sync::atomic::Ordering::Release),

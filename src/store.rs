@@ -228,23 +228,15 @@ impl Store {
         self.commits.submit(Change { op, limit }, durable)
     }
 
-    /// Runs store work that may wait for an fsync without stalling other
-    /// calls: on a multi-threaded runtime in place, the worker's other
-    /// tasks handed to another thread (no hop, so no wake-up latency, for
-    /// this call), otherwise on the blocking pool.
+    /// Runs store work that may wait for an fsync off the async thread
+    /// (in place when the caller already is; see `offload`).
     pub async fn run<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Store) -> StoreResult<T> + Send + 'static,
     {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        let multi =
-            Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
-        if multi {
-            return tokio::task::block_in_place(|| f(self));
-        }
         let store = self.clone();
-        tokio::task::spawn_blocking(move || f(&store))
+        crate::offload::blocking(move || f(&store))
             .await
             .map_err(|e| StoreError::Worker(e.to_string()))?
     }

@@ -93,7 +93,7 @@ fn decide_backing(caps: &[Capability], choice: BackingChoice) -> CsiResult<Backi
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> CsiResult<T> + Send + 'static,
 ) -> CsiResult<T> {
-    tokio::task::spawn_blocking(f)
+    crate::offload::blocking(f)
         .await
         .map_err(|e| CsiError::Internal(format!("backend worker failed: {e}")))?
 }

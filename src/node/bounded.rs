@@ -21,7 +21,8 @@ where
     F: Future<Output = CsiResult<T>> + Send + 'static,
 {
     let runtime = tokio::runtime::Handle::current();
-    let task = tokio::task::spawn_blocking(move || runtime.block_on(call));
+    // Dropped at the bound, the blocking thread still runs the call out.
+    let task = crate::offload::blocking(move || runtime.block_on(call));
     match tokio::time::timeout(limit, task).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(e)) => Err(CsiError::Internal(format!("{what} failed: {e}"))),

@@ -8,6 +8,7 @@ use crate::controller::{capacity, listing, modify, provision, publish, snapshot}
 use crate::csi::{self, controller_server::Controller, controller_service_capability::rpc::Type};
 use crate::driver::Driver;
 use crate::observe::rpc;
+use crate::offload;
 
 pub struct ControllerService {
     driver: Driver,
@@ -52,10 +53,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
+        let d = self.driver.clone();
         rpc(
             "CreateVolume",
             &name,
-            provision::create_volume(&self.driver, req),
+            offload::call("CreateVolume", async move {
+                provision::create_volume(&d, req).await
+            }),
         )
         .await
     }
@@ -67,10 +71,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc(
             "DeleteVolume",
             &id,
-            provision::delete_volume(&self.driver, req),
+            offload::call("DeleteVolume", async move {
+                provision::delete_volume(&d, req).await
+            }),
         )
         .await
     }
@@ -82,10 +89,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc(
             "ControllerPublishVolume",
             &id,
-            publish::publish(&self.driver, req),
+            offload::call("ControllerPublishVolume", async move {
+                publish::publish(&d, req).await
+            }),
         )
         .await
     }
@@ -97,10 +107,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc(
             "ControllerUnpublishVolume",
             &id,
-            publish::unpublish(&self.driver, req),
+            offload::call("ControllerUnpublishVolume", async move {
+                publish::unpublish(&d, req).await
+            }),
         )
         .await
     }
@@ -175,10 +188,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
+        let d = self.driver.clone();
         rpc(
             "CreateSnapshot",
             &name,
-            snapshot::create_snapshot(&self.driver, req),
+            offload::call("CreateSnapshot", async move {
+                snapshot::create_snapshot(&d, req).await
+            }),
         )
         .await
     }
@@ -190,10 +206,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.snapshot_id.clone();
+        let d = self.driver.clone();
         rpc(
             "DeleteSnapshot",
             &id,
-            snapshot::delete_snapshot(&self.driver, req),
+            offload::call("DeleteSnapshot", async move {
+                snapshot::delete_snapshot(&d, req).await
+            }),
         )
         .await
     }
@@ -233,10 +252,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc(
             "ControllerExpandVolume",
             &id,
-            provision::expand_volume(&self.driver, req),
+            offload::call("ControllerExpandVolume", async move {
+                provision::expand_volume(&d, req).await
+            }),
         )
         .await
     }
@@ -263,10 +285,13 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
+        let d = self.driver.clone();
         rpc(
             "ControllerModifyVolume",
             &id,
-            modify::modify_volume(&self.driver, req),
+            offload::call("ControllerModifyVolume", async move {
+                modify::modify_volume(&d, req).await
+            }),
         )
         .await
     }

@@ -8,6 +8,7 @@ use crate::csi::{
 };
 use crate::driver::Driver;
 use crate::observe::rpc;
+use crate::offload;
 
 pub struct GroupControllerService {
     driver: Driver,
@@ -47,10 +48,13 @@ impl GroupController for GroupControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
+        let d = self.driver.clone();
         rpc(
             "CreateVolumeGroupSnapshot",
             &name,
-            group_snapshot::create(&self.driver, req),
+            offload::call("CreateVolumeGroupSnapshot", async move {
+                group_snapshot::create(&d, req).await
+            }),
         )
         .await
     }
@@ -62,10 +66,13 @@ impl GroupController for GroupControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.group_snapshot_id.clone();
+        let d = self.driver.clone();
         rpc(
             "DeleteVolumeGroupSnapshot",
             &id,
-            group_snapshot::delete(&self.driver, req),
+            offload::call("DeleteVolumeGroupSnapshot", async move {
+                group_snapshot::delete(&d, req).await
+            }),
         )
         .await
     }
