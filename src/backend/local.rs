@@ -8,6 +8,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::backend::dir_sync::DirSync;
 use crate::backend::trash::{remove_any, Trash};
 use crate::backend::{
     requested_topology, sparse_copy, tree_copy::copy_tree, Backend, DataKind, Health, NodeSource,
@@ -24,6 +25,8 @@ use crate::volume::{Backing, Progress, Snapshot, Volume};
 pub struct LocalBackend {
     volumes: PathBuf,
     snapshots: PathBuf,
+    volumes_sync: std::sync::Arc<DirSync>,
+    snapshots_sync: std::sync::Arc<DirSync>,
     trash: std::sync::Arc<Trash>,
     node_id: String,
     peer_nodes: Vec<String>,
@@ -98,31 +101,36 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| CsiError::Internal(format!("backend worker failed: {e}")))?
 }
 
-fn fsync_dir(dir: &Path) -> CsiResult<()> {
-    fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| CsiError::io("fsync directory", dir, e))
-}
-
-/// Builds `dst` from `fill` under a temporary name and renames it into place.
-fn create_atomically(dst: &Path, fill: impl FnOnce(&Path) -> io::Result<()>) -> CsiResult<()> {
+/// Builds `dst` (an entry of `parent`'s directory) from `fill` under a
+/// temporary name and renames it into place.
+fn create_atomically(
+    parent: &DirSync,
+    dst: &Path,
+    fill: impl FnOnce(&Path) -> io::Result<()>,
+) -> CsiResult<()> {
     if dst.exists() {
         return Ok(());
     }
-    let parent = dst
-        .parent()
-        .ok_or_else(|| CsiError::Internal(format!("{} has no parent", dst.display())))?;
+    if dst.parent() != Some(parent.dir()) {
+        return Err(CsiError::Internal(format!(
+            "{} is not in {}",
+            dst.display(),
+            parent.dir().display()
+        )));
+    }
     let name = dst
         .file_name()
         .ok_or_else(|| CsiError::Internal(format!("{} has no file name", dst.display())))?;
-    let tmp = parent.join(format!(".tmp-{}", name.to_string_lossy()));
+    let tmp = parent
+        .dir()
+        .join(format!(".tmp-{}", name.to_string_lossy()));
     remove_any(&tmp).map_err(|e| CsiError::io("remove leftover", &tmp, e))?;
     if let Err(e) = fill(&tmp) {
         let _ = remove_any(&tmp);
         return Err(CsiError::io("create", dst, e));
     }
     fs::rename(&tmp, dst).map_err(|e| CsiError::io("rename into place", dst, e))?;
-    fsync_dir(parent)
+    parent.sync()
 }
 
 /// Bytes a file or directory tree takes on disk.
@@ -179,6 +187,8 @@ impl LocalBackend {
         let trash = Trash::open(trash_dir.clone())
             .map_err(|e| CsiError::io("create directory", &trash_dir, e))?;
         Ok(LocalBackend {
+            volumes_sync: std::sync::Arc::new(DirSync::new(&volumes)),
+            snapshots_sync: std::sync::Arc::new(DirSync::new(&snapshots)),
             volumes,
             snapshots,
             trash: std::sync::Arc::new(trash),
@@ -325,8 +335,9 @@ impl Backend for LocalBackend {
             .transpose()?;
         let size = vol.capacity_bytes;
         let backing = vol.backing.clone();
+        let parent = self.volumes_sync.clone();
         blocking(move || {
-            create_atomically(&dst, |tmp| match (&backing, &src) {
+            create_atomically(&parent, &dst, |tmp| match (&backing, &src) {
                 (Backing::Member { .. }, _) => Err(io::Error::other("not a local volume")),
                 (Backing::Directory, None) => world_writable_dir(tmp),
                 (Backing::Directory, Some(src)) => copy_tree(src, tmp).map(|_| ()),
@@ -388,8 +399,9 @@ impl Backend for LocalBackend {
         let dst = self.snapshot_path(snap)?;
         let staged = self.staged_filesystem(source);
         let id = source.id.clone();
+        let parent = self.snapshots_sync.clone();
         blocking(move || {
-            create_atomically(&dst, |tmp| {
+            create_atomically(&parent, &dst, |tmp| {
                 if src.is_dir() {
                     return copy_tree(&src, tmp).map(|_| ());
                 }
@@ -563,8 +575,19 @@ mod tests {
     fn atomic_create_is_idempotent_and_leaves_no_temp() {
         let tmp = tempfile::tempdir().unwrap();
         let dst = tmp.path().join("v1.img");
-        create_atomically(&dst, |p| sparse_file(p, 4096)).unwrap();
-        create_atomically(&dst, |_| Err(io::Error::other("must not run again"))).unwrap();
+        let parent = DirSync::new(tmp.path());
+        create_atomically(&parent, &dst, |p| sparse_file(p, 4096)).unwrap();
+        create_atomically(&parent, &dst, |_| {
+            Err(io::Error::other("must not run again"))
+        })
+        .unwrap();
+        assert_eq!(parent.syncs(), 1);
+        let elsewhere = tempfile::tempdir().unwrap();
+        let stray = create_atomically(&parent, &elsewhere.path().join("v2"), world_writable_dir);
+        assert!(
+            stray.is_err(),
+            "a path outside the synced directory is refused"
+        );
         assert_eq!(fs::metadata(&dst).unwrap().len(), 4096);
         let names: Vec<_> = fs::read_dir(tmp.path())
             .unwrap()
@@ -577,7 +600,7 @@ mod tests {
     fn failed_fill_leaves_nothing_behind() {
         let tmp = tempfile::tempdir().unwrap();
         let dst = tmp.path().join("v1");
-        let err = create_atomically(&dst, |p| {
+        let err = create_atomically(&DirSync::new(tmp.path()), &dst, |p| {
             fs::create_dir(p)?;
             Err(io::Error::other("disk on fire"))
         });

@@ -7,6 +7,7 @@
 //! keyed by the driver's own record ids, so a retry after a timeout, a crash
 //! or a cancelled RPC converges on the same result without duplicates.
 
+pub mod dir_sync;
 pub mod local;
 pub mod sparse_copy;
 pub mod trash;
