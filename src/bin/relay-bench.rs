@@ -10,6 +10,8 @@
 //! clone of a 10 GiB sparse block volume holding 1 MiB of data.
 //! `--endpoint SOCKET --node-id ID [--pid PID]` drives another, already
 //! running CSI driver the same way, for a side-by-side comparison.
+//! At the end it restarts its own csi-relay over the volumes it made and
+//! prints start → Probe ready and the RSS then (and `--idle-secs` later).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -48,6 +50,10 @@ struct Args {
     /// With --endpoint: the driver's pid, for its RSS.
     #[arg(long)]
     pid: Option<u32>,
+    /// After the restart, also print the RSS once the driver has been idle
+    /// this long (it releases memory after 30 s without a call).
+    #[arg(long, default_value_t = 0)]
+    idle_secs: u64,
 }
 
 fn allocated(path: &Path) -> u64 {
@@ -163,6 +169,70 @@ impl Drop for Server {
     }
 }
 
+impl Server {
+    fn spawn(exe: &Path, node_id: &str, dir: &Path) -> Result<Self, String> {
+        let socket = dir.join("csi.sock");
+        let child = Command::new(exe)
+            .args(["serve", "--node-id", node_id, "--endpoint"])
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--state-dir")
+            .arg(dir.join("state"))
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "starting {}: {e} (build it first: cargo build --release)",
+                    exe.display()
+                )
+            })?;
+        Ok(Server {
+            child,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Stops the driver as an operator would (SIGTERM) and waits for it.
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// Restarts the driver over its state and times exec → the first Probe
+/// that answers ready, polling every 100 µs (connecting included, as a
+/// sidecar would).
+async fn restart(
+    server: &mut Server,
+    exe: &Path,
+    node_id: &str,
+) -> Result<Duration, Box<dyn std::error::Error>> {
+    server.stop();
+    let socket = server.dir.join("csi.sock");
+    let _ = std::fs::remove_file(&socket);
+    let started = Instant::now();
+    let mut fresh = Server::spawn(exe, node_id, &server.dir)?;
+    std::mem::swap(server, &mut fresh);
+    // The old child has exited: dropping its handle must not clean up.
+    fresh.dir = PathBuf::new();
+    std::mem::forget(fresh);
+    while started.elapsed() < Duration::from_secs(30) {
+        if let Ok(ch) = try_connect(&socket).await {
+            let mut id = csi::identity_client::IdentityClient::new(ch);
+            if let Ok(r) = id.probe(csi::ProbeRequest {}).await {
+                if r.into_inner().ready == Some(true) {
+                    return Ok(started.elapsed());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    }
+    Err("csi-relay did not answer ready within 30 s of a restart".into())
+}
+
 fn cap() -> csi::VolumeCapability {
     csi::VolumeCapability {
         access_type: Some(volume_capability::AccessType::Mount(Default::default())),
@@ -185,21 +255,22 @@ fn create_req(name: String) -> csi::CreateVolumeRequest {
     }
 }
 
+async fn try_connect(socket: &Path) -> Result<Channel, Box<dyn std::error::Error>> {
+    let path = socket.to_path_buf();
+    Ok(Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await?)
+}
+
 async fn connect(socket: &Path) -> Result<Channel, Box<dyn std::error::Error>> {
     for _ in 0..500 {
         if socket.exists() {
-            let path = socket.to_path_buf();
-            let ch = Endpoint::try_from("http://[::]:50051")?
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(
-                            tokio::net::UnixStream::connect(path).await?,
-                        ))
-                    }
-                }))
-                .await;
-            if let Ok(ch) = ch {
+            if let Ok(ch) = try_connect(socket).await {
                 return Ok(ch);
             }
         }
@@ -360,30 +431,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let exe = std::env::current_exe()?.with_file_name("csi-relay");
     let dir = std::env::temp_dir().join(format!("relay-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let (socket, server) = match &args.endpoint {
+    let (socket, mut server) = match &args.endpoint {
         Some(endpoint) => (endpoint.clone(), None),
-        None => {
-            let socket = dir.join("csi.sock");
-            let child = Command::new(&exe)
-                .args(["serve", "--node-id", &args.node_id, "--endpoint"])
-                .arg(format!("unix://{}", socket.display()))
-                .arg("--state-dir")
-                .arg(dir.join("state"))
-                .env("RUST_LOG", "warn")
-                .stdin(Stdio::null())
-                .spawn()
-                .map_err(|e| {
-                    format!(
-                        "starting {}: {e} (build it first: cargo build --release)",
-                        exe.display()
-                    )
-                })?;
-            let server = Server {
-                child,
-                dir: dir.clone(),
-            };
-            (socket, Some(server))
-        }
+        None => (
+            dir.join("csi.sock"),
+            Some(Server::spawn(&exe, &args.node_id, &dir)?),
+        ),
     };
     let channel = connect(&socket).await?;
     let mut c = ControllerClient::new(channel.clone());
@@ -460,9 +513,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    if server.is_none() {
+    drop(channel);
+    match server.as_mut() {
+        Some(server) => {
+            let ready = restart(server, &exe, &args.node_id).await?;
+            let pid = Some(server.child.id());
+            println!(
+                "restart over {existing} volumes: start -> Probe ready {:.1} ms, RSS {} KiB",
+                ready.as_secs_f64() * 1e3,
+                rss(pid).0
+            );
+            if args.idle_secs > 0 {
+                tokio::time::sleep(Duration::from_secs(args.idle_secs)).await;
+                println!("after {} s idle: RSS {} KiB", args.idle_secs, rss(pid).0);
+            }
+        }
         // Our staging and target directories (a started server's go with it).
-        let _ = std::fs::remove_dir_all(&dir);
+        None => {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
     Ok(())
 }
