@@ -119,7 +119,9 @@ pub fn release() -> usize {
 /// been idle for `IDLE_AFTER` since the last release.
 pub async fn trim_when_idle() {
     started();
-    release();
+    // Reading smaps takes milliseconds: not on the thread that answers the
+    // first Probe.
+    let _ = crate::offload::blocking(release).await;
     let mut released_at = started().elapsed().as_secs();
     loop {
         tokio::time::sleep(IDLE_AFTER).await;
@@ -127,7 +129,7 @@ pub async fn trim_when_idle() {
         let last = LAST_CALL.load(Ordering::Relaxed);
         let idle = now.saturating_sub(last) >= IDLE_AFTER.as_secs();
         if idle && last >= released_at {
-            release();
+            let _ = crate::offload::blocking(release).await;
             released_at = now;
         }
     }
