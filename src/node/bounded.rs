@@ -20,12 +20,9 @@ where
     T: Send + 'static,
     F: Future<Output = CsiResult<T>> + Send + 'static,
 {
-    let runtime = tokio::runtime::Handle::current();
     // Dropped at the bound, the blocking thread still runs the call out.
-    let task = crate::offload::blocking(move || runtime.block_on(call));
-    match tokio::time::timeout(limit, task).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => Err(CsiError::Internal(format!("{what} failed: {e}"))),
+    match tokio::time::timeout(limit, crate::offload::call(what, call)).await {
+        Ok(answer) => answer,
         Err(_) => Err(CsiError::Unavailable(format!(
             "{what} did not finish within {limit:?} (a filesystem that does not answer?); it goes on in the background and a retry is refused while it does"
         ))),

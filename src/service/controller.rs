@@ -8,7 +8,7 @@ use crate::controller::{capacity, listing, modify, provision, publish, snapshot}
 use crate::csi::{self, controller_server::Controller, controller_service_capability::rpc::Type};
 use crate::driver::Driver;
 use crate::observe::rpc;
-use crate::offload;
+use crate::service::offloaded;
 
 pub struct ControllerService {
     driver: Driver,
@@ -53,14 +53,9 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
-        let d = self.driver.clone();
-        rpc(
-            "CreateVolume",
-            &name,
-            offload::call("CreateVolume", async move {
-                provision::create_volume(&d, req).await
-            }),
-        )
+        offloaded("CreateVolume", &name, &self.driver, |d| async move {
+            provision::create_volume(&d, req).await
+        })
         .await
     }
 
@@ -71,14 +66,9 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        let d = self.driver.clone();
-        rpc(
-            "DeleteVolume",
-            &id,
-            offload::call("DeleteVolume", async move {
-                provision::delete_volume(&d, req).await
-            }),
-        )
+        offloaded("DeleteVolume", &id, &self.driver, |d| async move {
+            provision::delete_volume(&d, req).await
+        })
         .await
     }
 
@@ -89,13 +79,11 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        let d = self.driver.clone();
-        rpc(
+        offloaded(
             "ControllerPublishVolume",
             &id,
-            offload::call("ControllerPublishVolume", async move {
-                publish::publish(&d, req).await
-            }),
+            &self.driver,
+            |d| async move { publish::publish(&d, req).await },
         )
         .await
     }
@@ -107,13 +95,11 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        let d = self.driver.clone();
-        rpc(
+        offloaded(
             "ControllerUnpublishVolume",
             &id,
-            offload::call("ControllerUnpublishVolume", async move {
-                publish::unpublish(&d, req).await
-            }),
+            &self.driver,
+            |d| async move { publish::unpublish(&d, req).await },
         )
         .await
     }
@@ -188,14 +174,9 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
-        let d = self.driver.clone();
-        rpc(
-            "CreateSnapshot",
-            &name,
-            offload::call("CreateSnapshot", async move {
-                snapshot::create_snapshot(&d, req).await
-            }),
-        )
+        offloaded("CreateSnapshot", &name, &self.driver, |d| async move {
+            snapshot::create_snapshot(&d, req).await
+        })
         .await
     }
 
@@ -206,14 +187,9 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.snapshot_id.clone();
-        let d = self.driver.clone();
-        rpc(
-            "DeleteSnapshot",
-            &id,
-            offload::call("DeleteSnapshot", async move {
-                snapshot::delete_snapshot(&d, req).await
-            }),
-        )
+        offloaded("DeleteSnapshot", &id, &self.driver, |d| async move {
+            snapshot::delete_snapshot(&d, req).await
+        })
         .await
     }
 
@@ -252,13 +228,11 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        let d = self.driver.clone();
-        rpc(
+        offloaded(
             "ControllerExpandVolume",
             &id,
-            offload::call("ControllerExpandVolume", async move {
-                provision::expand_volume(&d, req).await
-            }),
+            &self.driver,
+            |d| async move { provision::expand_volume(&d, req).await },
         )
         .await
     }
@@ -285,13 +259,11 @@ impl Controller for ControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.volume_id.clone();
-        let d = self.driver.clone();
-        rpc(
+        offloaded(
             "ControllerModifyVolume",
             &id,
-            offload::call("ControllerModifyVolume", async move {
-                modify::modify_volume(&d, req).await
-            }),
+            &self.driver,
+            |d| async move { modify::modify_volume(&d, req).await },
         )
         .await
     }

@@ -8,7 +8,7 @@ use crate::csi::{
 };
 use crate::driver::Driver;
 use crate::observe::rpc;
-use crate::offload;
+use crate::service::offloaded;
 
 pub struct GroupControllerService {
     driver: Driver,
@@ -48,13 +48,11 @@ impl GroupController for GroupControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let name = req.name.clone();
-        let d = self.driver.clone();
-        rpc(
+        offloaded(
             "CreateVolumeGroupSnapshot",
             &name,
-            offload::call("CreateVolumeGroupSnapshot", async move {
-                group_snapshot::create(&d, req).await
-            }),
+            &self.driver,
+            |d| async move { group_snapshot::create(&d, req).await },
         )
         .await
     }
@@ -66,13 +64,11 @@ impl GroupController for GroupControllerService {
         self.driver.require_leader()?;
         let req = r.into_inner();
         let id = req.group_snapshot_id.clone();
-        let d = self.driver.clone();
-        rpc(
+        offloaded(
             "DeleteVolumeGroupSnapshot",
             &id,
-            offload::call("DeleteVolumeGroupSnapshot", async move {
-                group_snapshot::delete(&d, req).await
-            }),
+            &self.driver,
+            |d| async move { group_snapshot::delete(&d, req).await },
         )
         .await
     }
