@@ -43,7 +43,7 @@ impl Slot {
         self.wake.notify_one();
     }
 
-    /// Blocks until told; true when told to lead.
+    /// Blocks until told: the writer's result, or `Lead`.
     fn wait(&self) -> Result<StoreResult<()>, Lead> {
         let mut st = self.lock();
         loop {

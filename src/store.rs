@@ -180,7 +180,7 @@ impl Store {
             .create(dir.join("state.redb"))?;
         let txn = db.begin_write()?;
         let tables_before = txn.list_tables()?.count();
-        let wal = {
+        let (wal, changed) = {
             // Create every table up front so readers never meet a missing one.
             txn.open_table(VOLUMES)?;
             txn.open_table(VOLUME_NAMES)?;
@@ -202,7 +202,6 @@ impl Store {
             }
             (wal, changed)
         };
-        let (wal, changed) = wal;
         if changed {
             // This durable commit is the checkpoint of everything replayed.
             txn.commit()?;
@@ -826,11 +825,9 @@ impl Log {
     }
 }
 
-/// Writes a volume record and its indexes; with a limit, refuses (before
-/// writing anything) an attachment that would put `node` over `max`.
 /// Applies `op` and returns it encoded for the log. A volume record is
 /// encoded once, for its table and (wrapped as serde writes the op) for
-/// the log: the largest part of a round's CPU after the commit itself.
+/// the log, instead of once for each.
 fn apply_and_encode(
     txn: &redb::WriteTransaction,
     op: &Op,
@@ -849,6 +846,9 @@ fn apply_and_encode(
     Ok(logged)
 }
 
+/// Writes a volume record (`record`, its encoding) and its indexes; with a
+/// limit, refuses (before writing anything) an attachment that would put
+/// `node` over `max`.
 fn write_volume(
     txn: &redb::WriteTransaction,
     vol: &Volume,
