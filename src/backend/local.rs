@@ -23,10 +23,10 @@ use crate::params::{BackingChoice, SnapshotParams, VolumeParams};
 use crate::volume::{Backing, Progress, Snapshot, Volume};
 
 pub struct LocalBackend {
-    volumes: PathBuf,
-    snapshots: PathBuf,
-    volumes_sync: std::sync::Arc<DirSync>,
-    snapshots_sync: std::sync::Arc<DirSync>,
+    /// The volumes and snapshots directories, each with the shared sync
+    /// that makes new entries in it durable.
+    volumes: std::sync::Arc<DirSync>,
+    snapshots: std::sync::Arc<DirSync>,
     trash: std::sync::Arc<Trash>,
     node_id: String,
     peer_nodes: Vec<String>,
@@ -187,10 +187,8 @@ impl LocalBackend {
         let trash = Trash::open(trash_dir.clone())
             .map_err(|e| CsiError::io("create directory", &trash_dir, e))?;
         Ok(LocalBackend {
-            volumes_sync: std::sync::Arc::new(DirSync::new(&volumes)),
-            snapshots_sync: std::sync::Arc::new(DirSync::new(&snapshots)),
-            volumes,
-            snapshots,
+            volumes: std::sync::Arc::new(DirSync::new(&volumes)),
+            snapshots: std::sync::Arc::new(DirSync::new(&snapshots)),
             trash: std::sync::Arc::new(trash),
             node_id: node_id.to_string(),
             peer_nodes: peer_nodes.to_vec(),
@@ -199,11 +197,11 @@ impl LocalBackend {
     }
 
     pub fn volume_path(&self, vol: &Volume) -> CsiResult<PathBuf> {
-        data_path(&self.volumes, &vol.id, &vol.backing)
+        data_path(self.volumes.dir(), &vol.id, &vol.backing)
     }
 
     pub fn snapshot_path(&self, snap: &Snapshot) -> CsiResult<PathBuf> {
-        data_path(&self.snapshots, &snap.id, &snap.backing)
+        data_path(self.snapshots.dir(), &snap.id, &snap.backing)
     }
 
     /// Where a block-file volume's filesystem is mounted on this node, if
@@ -258,7 +256,7 @@ impl Backend for LocalBackend {
     }
 
     async fn healthy(&self) -> CsiResult<()> {
-        for dir in [&self.volumes, &self.snapshots] {
+        for dir in [self.volumes.dir(), self.snapshots.dir()] {
             let meta = fs::metadata(dir).map_err(|e| CsiError::io("stat", dir, e))?;
             if !meta.is_dir() {
                 return Err(CsiError::Internal(format!(
@@ -274,8 +272,8 @@ impl Backend for LocalBackend {
         if let Some(c) = self.capacity {
             return Ok(c);
         }
-        let st = nix::sys::statvfs::statvfs(&self.volumes)
-            .map_err(|e| CsiError::io("statvfs", &self.volumes, e.into()))?;
+        let st = nix::sys::statvfs::statvfs(self.volumes.dir())
+            .map_err(|e| CsiError::io("statvfs", self.volumes.dir(), e.into()))?;
         Ok(st.blocks() as u64 * st.fragment_size() as u64)
     }
 
@@ -335,7 +333,7 @@ impl Backend for LocalBackend {
             .transpose()?;
         let size = vol.capacity_bytes;
         let backing = vol.backing.clone();
-        let parent = self.volumes_sync.clone();
+        let parent = self.volumes.clone();
         blocking(move || {
             create_atomically(&parent, &dst, |tmp| match (&backing, &src) {
                 (Backing::Member { .. }, _) => Err(io::Error::other("not a local volume")),
@@ -399,7 +397,7 @@ impl Backend for LocalBackend {
         let dst = self.snapshot_path(snap)?;
         let staged = self.staged_filesystem(source);
         let id = source.id.clone();
-        let parent = self.snapshots_sync.clone();
+        let parent = self.snapshots.clone();
         blocking(move || {
             create_atomically(&parent, &dst, |tmp| {
                 if src.is_dir() {
@@ -442,8 +440,8 @@ impl Backend for LocalBackend {
 
     async fn stored_data(&self) -> CsiResult<Vec<StoredData>> {
         let dirs = [
-            (DataKind::Volume, self.volumes.clone()),
-            (DataKind::Snapshot, self.snapshots.clone()),
+            (DataKind::Volume, self.volumes.dir().to_path_buf()),
+            (DataKind::Snapshot, self.snapshots.dir().to_path_buf()),
         ];
         blocking(move || {
             let mut found = Vec::new();
@@ -480,9 +478,9 @@ impl Backend for LocalBackend {
 
     async fn remove_data(&self, data: &StoredData) -> CsiResult<()> {
         let path = data.path.clone();
-        let inside = [&self.volumes, &self.snapshots]
+        let inside = [self.volumes.dir(), self.snapshots.dir()]
             .iter()
-            .any(|dir| path.parent() == Some(dir.as_path()));
+            .any(|dir| path.parent() == Some(*dir));
         if !inside {
             return Err(CsiError::Internal(format!(
                 "{} is not in this backend's data directories",
