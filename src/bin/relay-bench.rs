@@ -160,34 +160,15 @@ struct Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 impl Server {
     fn spawn(exe: &Path, node_id: &str, dir: &Path) -> Result<Self, String> {
-        let socket = dir.join("csi.sock");
-        let child = Command::new(exe)
-            .args(["serve", "--node-id", node_id, "--endpoint"])
-            .arg(format!("unix://{}", socket.display()))
-            .arg("--state-dir")
-            .arg(dir.join("state"))
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                format!(
-                    "starting {}: {e} (build it first: cargo build --release)",
-                    exe.display()
-                )
-            })?;
         Ok(Server {
-            child,
+            child: start_driver(exe, node_id, dir)?,
             dir: dir.to_path_buf(),
         })
     }
@@ -202,6 +183,23 @@ impl Server {
     }
 }
 
+fn start_driver(exe: &Path, node_id: &str, dir: &Path) -> Result<Child, String> {
+    Command::new(exe)
+        .args(["serve", "--node-id", node_id, "--endpoint"])
+        .arg(format!("unix://{}", dir.join("csi.sock").display()))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "starting {}: {e} (build it first: cargo build --release)",
+                exe.display()
+            )
+        })
+}
+
 /// Restarts the driver over its state and times exec → the first Probe
 /// that answers ready, polling every 100 µs (connecting included, as a
 /// sidecar would).
@@ -214,11 +212,7 @@ async fn restart(
     let socket = server.dir.join("csi.sock");
     let _ = std::fs::remove_file(&socket);
     let started = Instant::now();
-    let mut fresh = Server::spawn(exe, node_id, &server.dir)?;
-    std::mem::swap(server, &mut fresh);
-    // The old child has exited: dropping its handle must not clean up.
-    fresh.dir = PathBuf::new();
-    std::mem::forget(fresh);
+    server.child = start_driver(exe, node_id, &server.dir)?;
     while started.elapsed() < Duration::from_secs(30) {
         if let Ok(ch) = try_connect(&socket).await {
             let mut id = csi::identity_client::IdentityClient::new(ch);
@@ -513,7 +507,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    drop(channel);
+    // Closed, so that the driver's graceful stop has no call to wait for.
+    drop((channel, c, n));
     match server.as_mut() {
         Some(server) => {
             let ready = restart(server, &exe, &args.node_id).await?;
