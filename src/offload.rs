@@ -78,4 +78,14 @@ mod tests {
         assert_eq!(inner, outer, "nested blocking work must not hop again");
         assert!(!may_block(), "the async thread stays unmarked");
     }
+
+    #[tokio::test]
+    async fn a_call_that_panics_is_an_internal_error_naming_it() {
+        let answer: CsiResult<()> = call("CreateVolume", async { panic!("a bug") }).await;
+        let e = answer.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Internal, "{e}");
+        assert!(e.to_string().contains("CreateVolume failed"), "{e}");
+        // The async thread is unharmed and the next call runs.
+        assert_eq!(call("CreateVolume", async { Ok(7) }).await.ok(), Some(7));
+    }
 }
