@@ -148,6 +148,18 @@ impl Driver {
             .await
     }
 
+    /// Records the intent of node work on a local volume before the work:
+    /// a mount, a loop device. The record reaches the log (the kernel's
+    /// page cache) before the side effect, so a crash of this process keeps
+    /// it; it gets no fsync of its own because what it guards dies with the
+    /// machine too: a machine crash that loses the record loses the mount
+    /// as well, and the CO stages and publishes again after a reboot.
+    /// Member volumes, whose node work has effects beyond this machine,
+    /// are committed durably.
+    pub async fn put_intent(&self, vol: &Volume) -> CsiResult<()> {
+        self.put_outcome(vol).await
+    }
+
     /// Deletes a record whose data is gone; lazily, as `put_outcome`
     /// (start-up finishes a `Deleting` record whose data is absent).
     pub async fn remove_outcome(&self, vol: &Volume) -> CsiResult<()> {

@@ -64,7 +64,7 @@ pub async fn publish(
             vol.clone()
         }
         Step::Next(next) => {
-            d.put_volume(&next).await?;
+            d.put_intent(&next).await?;
             *next
         }
     };
@@ -121,7 +121,7 @@ pub async fn unpublish(
     let Step::Next(next) = state::node_unpublish(&vol, &node_id, &target) else {
         return Ok(csi::NodeUnpublishVolumeResponse {});
     };
-    d.put_volume(&next).await?;
+    d.put_intent(&next).await?;
     let src = sources::for_teardown(d, &next, &node_id)?;
     src.unpublish(Path::new(&target)).await?;
     node_local::commit(

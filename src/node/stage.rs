@@ -69,7 +69,7 @@ pub async fn stage(
             vol.clone()
         }
         Step::Next(next) => {
-            d.put_volume(&next).await?;
+            d.put_intent(&next).await?;
             *next
         }
     };
@@ -121,7 +121,7 @@ pub async fn unstage(
     let Step::Next(next) = state::node_unstage(&vol, &node_id, &path)? else {
         return Ok(csi::NodeUnstageVolumeResponse {});
     };
-    d.put_volume(&next).await?;
+    d.put_intent(&next).await?;
     let cap = next
         .node(&node_id)
         .and_then(|n| n.stage.as_ref())
