@@ -22,6 +22,7 @@ pub mod node;
 pub mod observe;
 pub mod observer_queue;
 pub mod offload;
+pub mod overlay;
 pub mod page_token;
 pub mod params;
 pub mod registrar;

@@ -3,7 +3,9 @@
 //! O(log n) in the number of volumes. Each `put_*` / `remove_*` is durable
 //! when it returns: the change is applied to redb without a sync and written
 //! to the write-ahead log (`wal`), which one `fdatasync` makes durable and
-//! start-up replays over redb's last checkpoint.
+//! start-up replays over redb's last checkpoint. A lazy change (`*_lazily`)
+//! is only logged: redb takes it with the next transaction, and until then
+//! readers find it in the `overlay`.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::group_commit::{GroupCommit, Round};
+use crate::overlay::Overlay;
 use crate::volume::{GroupSnapshot, Snapshot, Volume};
 use crate::wal::Wal;
 
@@ -132,6 +135,19 @@ const WAL_CHECKPOINT: &str = "wal/checkpoint";
 struct Journal {
     db: Arc<Database>,
     log: Mutex<Log>,
+    /// Readers' view of `Log::deferred`.
+    overlay: Overlay,
+}
+
+/// Lazy volume changes the log holds and redb does not yet, at most: the
+/// next lazy round beyond it applies them all.
+const MAX_DEFERRED: usize = 256;
+
+/// A logged change waiting to be applied to redb, with a volume record's
+/// encoding so that it is not encoded twice.
+struct Deferred {
+    op: Op,
+    record: Option<Vec<u8>>,
 }
 
 struct Log {
@@ -140,6 +156,9 @@ struct Log {
     /// A log write or sync failed: what reached the disk is unknown, so
     /// nothing more is accepted until a restart replays the log.
     failed: Option<String>,
+    /// Lazy changes logged but not applied to redb, in log order: the next
+    /// transaction applies them first (see `overlay`).
+    deferred: Vec<Deferred>,
 }
 
 fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> StoreResult<T> {
@@ -217,7 +236,9 @@ impl Store {
                 wal,
                 rounds_since_checkpoint: 0,
                 failed: None,
+                deferred: Vec::new(),
             }),
+            overlay: Overlay::default(),
         });
         let commits = Arc::new(GroupCommit::new(Box::new(JournalRound(journal.clone()))));
         commits.start_flusher();
@@ -255,6 +276,20 @@ impl Store {
         crate::offload::blocking(move || f(&store))
             .await
             .map_err(|e| StoreError::Worker(e.to_string()))?
+    }
+
+    /// Applies lazy changes still pending to redb, so that a read of an
+    /// index or a counter sees them. A read of one record needs no settling
+    /// (it looks at the overlay first).
+    fn settle(&self) -> StoreResult<()> {
+        if self.journal.overlay.is_empty() {
+            return Ok(());
+        }
+        let mut log = self.journal.lock();
+        if let Some(failed) = &log.failed {
+            return Err(StoreError::Worker(failed.clone()));
+        }
+        self.journal.settle_in(&mut log)
     }
 
     pub fn healthy(&self) -> StoreResult<()> {
@@ -367,10 +402,16 @@ impl Store {
     // ---- volumes ----
 
     pub fn volume(&self, id: &str) -> StoreResult<Option<Volume>> {
+        if let Some(pending) = self.journal.overlay.volume(id) {
+            return Ok(pending);
+        }
         self.get(VOLUMES, "volumes", id)
     }
 
     pub fn volume_by_name(&self, name: &str) -> StoreResult<Option<Volume>> {
+        if let Some(pending) = self.journal.overlay.volume_named(name) {
+            return Ok(Some(pending));
+        }
         match self.id_by_name(VOLUME_NAMES, name)? {
             Some(id) => self.volume(&id),
             None => Ok(None),
@@ -410,6 +451,7 @@ impl Store {
     }
 
     pub fn list_volumes(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Volume>> {
+        self.settle()?;
         self.page(VOLUMES, "volumes", after, limit, |v: &Volume| {
             v.lifecycle == crate::volume::Lifecycle::Ready
         })
@@ -418,6 +460,7 @@ impl Store {
     /// Volume records whose create or delete has not finished; the cost
     /// grows with their number only.
     pub fn unfinished_volumes(&self) -> StoreResult<Vec<Volume>> {
+        self.settle()?;
         let ids: Vec<String> = {
             let txn = self.db.begin_read()?;
             let t = txn.open_table(UNFINISHED_VOLUMES)?;
@@ -452,6 +495,7 @@ impl Store {
 
     /// Volumes with ControllerPublish recorded on `node`.
     pub fn attached_count(&self, node: &str) -> StoreResult<u64> {
+        self.settle()?;
         let txn = self.db.begin_read()?;
         let t = txn.open_table(COUNTERS)?;
         let count = t
@@ -463,6 +507,7 @@ impl Store {
     /// Every volume that has any state on `node` (for the node's restart
     /// reconciliation); cost grows with that node's volumes only.
     pub fn volumes_on_node(&self, node: &str) -> StoreResult<Vec<Volume>> {
+        self.settle()?;
         let ids: Vec<String> = {
             let txn = self.db.begin_read()?;
             let t = txn.open_table(NODE_VOLUMES)?;
@@ -480,6 +525,7 @@ impl Store {
     }
 
     pub fn allocated_bytes(&self) -> StoreResult<u64> {
+        self.settle()?;
         let txn = self.db.begin_read()?;
         let t = txn.open_table(COUNTERS)?;
         let v = t.get(ALLOCATED)?.map_or(0, |v| v.value());
@@ -713,18 +759,35 @@ impl Journal {
             return all_failed(n, failed);
         }
         if changes.iter().all(Option::is_none) {
-            // Only a sync of what lazy rounds left unsynced.
+            // Only a sync of what lazy rounds left unsynced (the flusher),
+            // which may as well apply what they left pending.
             if durable {
                 if let Err(e) = log.wal.sync() {
                     return log.fail(n, &e);
                 }
             }
+            if let Err(e) = self.settle_in(&mut log) {
+                return all_failed(n, &e.to_string());
+            }
             return (0..n).map(|_| Ok(())).collect();
         }
+        let changes = if durable {
+            changes
+        } else {
+            match self.defer(&mut log, changes) {
+                Ok(results) => return results,
+                Err(changes) => changes,
+            }
+        };
         let mut txn = match self.db.begin_write() {
             Ok(t) => t,
             Err(e) => return all_failed(n, &e.to_string()),
         };
+        // What earlier lazy rounds logged comes first, as in the log.
+        if let Err(e) = apply_deferred(&txn, &log.deferred) {
+            let _ = txn.abort();
+            return log.fail_applying(n, &e);
+        }
         let mut results = Vec::with_capacity(n);
         // The round's ops as a JSON list, as replay reads it.
         let mut payload = vec![b'['];
@@ -754,8 +817,15 @@ impl Journal {
             }
         }
         if logged == 0 {
-            let _ = txn.abort();
-            return results;
+            if log.deferred.is_empty() {
+                let _ = txn.abort();
+                return results;
+            }
+            // Every change was refused; what was pending is applied still.
+            return match self.commit_pending(txn, &mut log) {
+                Ok(()) => results,
+                Err(e) => log.fail_applying(n, &e),
+            };
         }
         payload.push(b']');
         log.rounds_since_checkpoint += 1;
@@ -763,7 +833,10 @@ impl Journal {
             // This round is the checkpoint: redb commits it durably and
             // the log, covered up to here, starts again.
             return match checkpoint_in(txn, &mut log) {
-                Ok(()) => results,
+                Ok(()) => {
+                    self.applied(&mut log);
+                    results
+                }
                 Err(e) => all_failed(n, &format!("checkpoint failed: {e}")),
             };
         }
@@ -788,7 +861,105 @@ impl Journal {
             ));
             return all_failed(n, &format!("commit failed: {e}"));
         }
+        self.applied(&mut log);
         results
+    }
+
+    /// Logs a lazy round without applying it to redb: its volume changes
+    /// wait in `Log::deferred` (readers see them in the overlay) for the
+    /// next transaction. Hands the changes back when they must take the
+    /// ordinary path: anything but volume records, an attach limit, more
+    /// pending than `MAX_DEFERRED`, or a log too full for them.
+    fn defer(
+        &self,
+        log: &mut Log,
+        changes: Vec<Option<Change>>,
+    ) -> Result<Vec<StoreResult<()>>, Vec<Option<Change>>> {
+        let n = changes.len();
+        let deferrable = |c: &Option<Change>| {
+            matches!(
+                c,
+                Some(Change {
+                    op: Op::PutVolume(_) | Op::RemoveVolume(_),
+                    limit: None
+                })
+            )
+        };
+        if log.deferred.len() + n > MAX_DEFERRED || !changes.iter().all(deferrable) {
+            return Err(changes);
+        }
+        let mut encoded = Vec::with_capacity(n);
+        let mut payload = vec![b'['];
+        for change in &changes {
+            let Some(change) = change else {
+                return Err(changes);
+            };
+            let Ok(e) = encode_op(&change.op) else {
+                // The ordinary path reports it.
+                return Err(changes);
+            };
+            if payload.len() > 1 {
+                payload.push(b',');
+            }
+            payload.extend_from_slice(&e.logged);
+            encoded.push(e.record);
+        }
+        payload.push(b']');
+        if !log.wal.fits(payload.len()) {
+            return Err(changes);
+        }
+        if let Err(e) = log.wal.append(&payload) {
+            return Ok(log.fail(n, &e));
+        }
+        for (change, record) in changes.into_iter().flatten().zip(encoded) {
+            match &change.op {
+                Op::PutVolume(vol) => self.overlay.put(vol),
+                Op::RemoveVolume(id) => self.overlay.remove(id),
+                _ => {}
+            }
+            log.deferred.push(Deferred {
+                op: change.op,
+                record,
+            });
+        }
+        Ok((0..n).map(|_| Ok(())).collect())
+    }
+
+    /// Applies what lazy rounds left pending to redb, without a sync (the
+    /// log already holds it).
+    fn settle_in(&self, log: &mut Log) -> StoreResult<()> {
+        if log.deferred.is_empty() {
+            return Ok(());
+        }
+        let txn = self.db.begin_write()?;
+        if let Err(e) = apply_deferred(&txn, &log.deferred) {
+            let _ = txn.abort();
+            log.fail_applying(0, &e);
+            return Err(e);
+        }
+        self.commit_pending(txn, log).inspect_err(|e| {
+            log.fail_applying(0, e);
+        })
+    }
+
+    /// Commits, without a sync, a transaction that applied the pending
+    /// changes and nothing the log does not already hold.
+    fn commit_pending(&self, txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> {
+        log.rounds_since_checkpoint += 1;
+        let mut txn = txn;
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| StoreError::Worker(e.to_string()))?;
+        txn.commit()?;
+        self.applied(log);
+        Ok(())
+    }
+
+    /// Forgets the pending changes once redb has committed them.
+    fn applied(&self, log: &mut Log) {
+        if !log.deferred.is_empty() {
+            log.deferred.clear();
+            self.overlay.clear();
+        }
     }
 
     /// A durable redb commit that covers every log record so far.
@@ -798,8 +969,23 @@ impl Journal {
             return Err(StoreError::Worker(failed.clone()));
         }
         let txn = self.db.begin_write()?;
-        checkpoint_in(txn, &mut log)
+        if let Err(e) = apply_deferred(&txn, &log.deferred) {
+            let _ = txn.abort();
+            log.fail_applying(0, &e);
+            return Err(e);
+        }
+        checkpoint_in(txn, &mut log)?;
+        self.applied(&mut log);
+        Ok(())
     }
+}
+
+/// Applies the pending lazy changes, in log order.
+fn apply_deferred(txn: &redb::WriteTransaction, deferred: &[Deferred]) -> StoreResult<()> {
+    for d in deferred {
+        apply_encoded(txn, &d.op, d.record.as_deref(), None)?;
+    }
+    Ok(())
 }
 
 /// Commits `txn` durably, naming the last log record it includes, then
@@ -814,6 +1000,19 @@ fn checkpoint_in(txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> 
 }
 
 impl Log {
+    /// Pending changes the log holds could not be applied to redb: this
+    /// process cannot go on from a state it cannot build; a restart
+    /// replays the log.
+    fn fail_applying(&mut self, n: usize, e: &StoreError) -> Vec<StoreResult<()>> {
+        let msg = format!(
+            "logged store changes cannot be applied ({e}); csi-relay accepts no change until \
+             it is restarted and replays the log"
+        );
+        tracing::error!(error = %e, "pending store changes cannot be applied");
+        self.failed = Some(msg.clone());
+        all_failed(n, &msg)
+    }
+
     fn fail(&mut self, n: usize, e: &std::io::Error) -> Vec<StoreResult<()>> {
         let msg = format!(
             "the store's write-ahead log cannot be written or synced ({e}); csi-relay accepts no \
@@ -825,25 +1024,56 @@ impl Log {
     }
 }
 
-/// Applies `op` and returns it encoded for the log. A volume record is
-/// encoded once, for its table and (wrapped as serde writes the op) for
-/// the log, instead of once for each.
+/// An op as the log holds it, and a volume record's encoding for its table.
+struct Encoded {
+    logged: Vec<u8>,
+    record: Option<Vec<u8>>,
+}
+
+/// Encodes `op` for the log. A volume record is encoded once, for its
+/// table and (wrapped as serde writes the op) for the log, instead of once
+/// for each.
+fn encode_op(op: &Op) -> StoreResult<Encoded> {
+    let Op::PutVolume(vol) = op else {
+        let logged = serde_json::to_vec(op).map_err(StoreError::Encode)?;
+        return Ok(Encoded {
+            logged,
+            record: None,
+        });
+    };
+    let record = encode(vol)?;
+    let mut logged = Vec::with_capacity(record.len() + 16);
+    logged.extend_from_slice(br#"{"PutVolume":"#);
+    logged.extend_from_slice(&record);
+    logged.push(b'}');
+    Ok(Encoded {
+        logged,
+        record: Some(record),
+    })
+}
+
+/// Applies `op`, using a volume record's encoding when there is one.
+fn apply_encoded(
+    txn: &redb::WriteTransaction,
+    op: &Op,
+    record: Option<&[u8]>,
+    limit: Option<(String, u64)>,
+) -> StoreResult<()> {
+    match (op, record) {
+        (Op::PutVolume(vol), Some(record)) => write_volume(txn, vol, record, limit),
+        _ => apply(txn, op, limit),
+    }
+}
+
+/// Applies `op` and returns it encoded for the log.
 fn apply_and_encode(
     txn: &redb::WriteTransaction,
     op: &Op,
     limit: Option<(String, u64)>,
 ) -> StoreResult<Vec<u8>> {
-    let Op::PutVolume(vol) = op else {
-        apply(txn, op, limit)?;
-        return serde_json::to_vec(op).map_err(StoreError::Encode);
-    };
-    let record = encode(vol)?;
-    write_volume(txn, vol, &record, limit)?;
-    let mut logged = Vec::with_capacity(record.len() + 16);
-    logged.extend_from_slice(br#"{"PutVolume":"#);
-    logged.extend_from_slice(&record);
-    logged.push(b'}');
-    Ok(logged)
+    let encoded = encode_op(op)?;
+    apply_encoded(txn, op, encoded.record.as_deref(), limit)?;
+    Ok(encoded.logged)
 }
 
 /// Writes a volume record (`record`, its encoding) and its indexes; with a
@@ -1182,6 +1412,88 @@ mod tests {
         let after = Store::open(crashed.path()).unwrap();
         assert_eq!(after.allocated_bytes().unwrap(), 200 + rounds * 100);
         assert!(after.volume(&format!("v{}", rounds - 1)).unwrap().is_some());
+    }
+
+    /// The record of `id` as redb itself holds it, overlay aside.
+    fn in_redb(store: &Store, id: &str) -> Option<Volume> {
+        let txn = store.db.begin_read().unwrap();
+        let t = txn.open_table(VOLUMES).unwrap();
+        let raw = t.get(id).unwrap().map(|v| v.value().to_vec());
+        raw.map(|raw| decode("volumes", id, &raw).unwrap())
+    }
+
+    #[test]
+    fn a_lazy_change_waits_in_the_log_and_every_reader_sees_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut a = vol("a", "name-a");
+        a.lifecycle = Lifecycle::Provisioning;
+        attach(&mut a, "n1");
+        store.put_volume_lazily(&a).unwrap();
+        assert!(
+            in_redb(&store, "a").is_none(),
+            "a lazy change costs no redb commit"
+        );
+        assert_eq!(store.volume("a").unwrap(), Some(a.clone()));
+        assert_eq!(store.volume_by_name("name-a").unwrap(), Some(a.clone()));
+        // Readers of indexes and counters have it applied first.
+        assert_eq!(store.attached_count("n1").unwrap(), 1);
+        assert_eq!(in_redb(&store, "a"), Some(a.clone()));
+        assert_eq!(store.unfinished_volumes().unwrap(), vec![a.clone()]);
+
+        store.remove_volume_lazily("a").unwrap();
+        assert!(in_redb(&store, "a").is_some());
+        assert_eq!(
+            store.volume("a").unwrap(),
+            None,
+            "a pending removal hides it"
+        );
+        assert_eq!(store.volume_by_name("name-a").unwrap(), None);
+        assert_eq!(store.allocated_bytes().unwrap(), 0);
+        assert!(store.volumes_on_node("n1").unwrap().is_empty());
+        assert!(in_redb(&store, "a").is_none());
+
+        // The next transaction applies what is pending first, in log order.
+        store.put_volume_lazily(&vol("b", "name-b")).unwrap();
+        let mut b2 = vol("b", "name-b");
+        b2.capacity_bytes = 300;
+        store.put_volume_lazily(&b2).unwrap();
+        store.put_volume(&vol("c", "name-c")).unwrap();
+        assert_eq!(in_redb(&store, "b"), Some(b2.clone()));
+        // A durable change of a record with a pending one wins.
+        store.put_volume_lazily(&vol("c", "name-c")).unwrap();
+        let mut c2 = vol("c", "name-c");
+        c2.capacity_bytes = 7;
+        store.put_volume(&c2).unwrap();
+        assert_eq!(store.volume("c").unwrap(), Some(c2.clone()));
+        assert_eq!(store.allocated_bytes().unwrap(), 307);
+
+        // Pending when the process dies: the log has it.
+        store.remove_volume_lazily("b").unwrap();
+        store.put_volume_lazily(&vol("d", "name-d")).unwrap();
+        let crashed = crash_copy(dir.path());
+        let after = Store::open(crashed.path()).unwrap();
+        assert_eq!(after.volume("b").unwrap(), None);
+        assert!(after.volume("d").unwrap().is_some());
+        assert_eq!(after.allocated_bytes().unwrap(), 107);
+        // A clean stop applies them too.
+        store.checkpoint().unwrap();
+        assert!(in_redb(&store, "b").is_none() && in_redb(&store, "d").is_some());
+    }
+
+    #[test]
+    fn pending_lazy_changes_stay_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        for i in 0..MAX_DEFERRED + 1 {
+            store
+                .put_volume_lazily(&vol(&format!("v{i}"), &format!("n{i}")))
+                .unwrap();
+        }
+        assert!(store.journal.lock().deferred.len() <= MAX_DEFERRED);
+        assert!(in_redb(&store, "v0").is_some(), "the oldest were applied");
+        let last = format!("v{MAX_DEFERRED}");
+        assert!(store.volume(&last).unwrap().is_some());
     }
 
     #[test]
