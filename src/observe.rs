@@ -15,6 +15,7 @@ pub struct Metrics {
     calls: IntCounterVec,
     latency: HistogramVec,
     housekeeping: IntCounterVec,
+    store_syncs: IntCounterVec,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -37,14 +38,24 @@ fn build() -> Result<Metrics, prometheus::Error> {
         ),
         &["action"],
     )?;
+    let store_syncs = IntCounterVec::new(
+        Opts::new(
+            "store_syncs_total",
+            "Syncs of the state store, by cause: a change that waited for it (commit), \
+             lazy changes made durable in the background (flush), a checkpoint of redb",
+        ),
+        &["cause"],
+    )?;
     registry.register(Box::new(calls.clone()))?;
     registry.register(Box::new(latency.clone()))?;
     registry.register(Box::new(housekeeping.clone()))?;
+    registry.register(Box::new(store_syncs.clone()))?;
     Ok(Metrics {
         registry,
         calls,
         latency,
         housekeeping,
+        store_syncs,
     })
 }
 
@@ -65,6 +76,13 @@ pub fn metrics() -> Option<&'static Metrics> {
 pub fn housekeeping(action: &'static str) {
     if let Some(m) = metrics() {
         m.housekeeping.with_label_values(&[action]).inc();
+    }
+}
+
+/// Counts one sync of the state store (see `store_syncs_total`).
+pub fn store_sync(cause: &'static str) {
+    if let Some(m) = metrics() {
+        m.store_syncs.with_label_values(&[cause]).inc();
     }
 }
 

@@ -765,6 +765,7 @@ impl Journal {
                 if let Err(e) = log.wal.sync() {
                     return log.fail(n, &e);
                 }
+                crate::observe::store_sync("flush");
             }
             if let Err(e) = self.settle_in(&mut log) {
                 return all_failed(n, &e.to_string());
@@ -849,6 +850,7 @@ impl Journal {
                 let _ = txn.abort();
                 return log.fail(n, &e);
             }
+            crate::observe::store_sync("commit");
         }
         let committed = txn
             .set_durability(redb::Durability::None)
@@ -994,6 +996,7 @@ fn checkpoint_in(txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> 
     let last = log.wal.next_lsn() - 1;
     txn.open_table(COUNTERS)?.insert(WAL_CHECKPOINT, last)?;
     txn.commit()?;
+    crate::observe::store_sync("checkpoint");
     log.wal.reset();
     log.rounds_since_checkpoint = 0;
     Ok(())

@@ -35,6 +35,37 @@ fn condition(r: &csi::NodeGetVolumeStatsResponse) -> csi::VolumeCondition {
         .expect("VOLUME_CONDITION is advertised: stats must carry a condition")
 }
 
+// Node work on a local volume waits for no sync of its own: its intents
+// and outcomes reach the log (a crash of the driver keeps them) and what
+// they guard, a mount, does not outlive the machine. ControllerPublish,
+// which nothing else witnesses, waits for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_work_on_a_local_volume_waits_for_no_sync() {
+    require_mounts!();
+    let addr = free_addr();
+    let d = Driver::start(&["--metrics-address", &addr]).await;
+    let _scrub = Scrub::new(&d);
+    let commits = r#"csi_relay_store_syncs_total{cause="commit"}"#;
+    let mut v = create_volume(&d, "no-sync", MIB, mount_cap(Mode::SingleNodeWriter)).await;
+    let before = metric(&addr, commits).await;
+    controller_publish(&d, &mut v, false).await;
+    let published = metric(&addr, commits).await;
+    assert_eq!(published, before + 1.0, "ControllerPublishVolume syncs");
+    let target = d.path("pods/p1/volumes/vol");
+    stage(&d, &v).await;
+    publish(&d, &v, &target, false).await;
+    assert!(is_mounted(&target));
+    unpublish(&d, &v.id, &target).await;
+    unstage(&d, &v).await;
+    assert_eq!(
+        metric(&addr, commits).await,
+        published,
+        "NodeStage, NodePublish, NodeUnpublish and NodeUnstage of a local volume sync nothing"
+    );
+    controller_unpublish(&d, &v).await;
+    delete_volume(&d, &v.id).await;
+}
+
 // 1. Directory volume, two targets of a MULTI_NODE_MULTI_WRITER volume.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn directory_volume_full_lifecycle() {

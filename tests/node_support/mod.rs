@@ -435,3 +435,29 @@ impl Drop for Scrub {
 pub async fn outcomes_durable() {
     tokio::time::sleep(std::time::Duration::from_millis(250)).await;
 }
+
+/// A loopback address nothing listens on yet, for `--metrics-address`.
+pub fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    let port = listener.local_addr().expect("its address").port();
+    format!("127.0.0.1:{port}")
+}
+
+/// The value of one series (`name{labels}` as exposed) on the driver's
+/// /metrics, 0 when it has not been counted yet.
+pub async fn metric(addr: &str, series: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("metrics listener");
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .expect("metrics request");
+    let mut body = String::new();
+    conn.read_to_string(&mut body)
+        .await
+        .expect("metrics answer");
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
