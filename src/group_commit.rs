@@ -103,8 +103,10 @@ impl<C: Send + 'static> GroupCommit<C> {
 
     /// Starts the thread that makes lazy changes durable `FLUSH_AFTER`
     /// after they were committed, unless a durable commit did it before.
-    /// It holds no strong reference: it ends with the store.
-    pub fn start_flusher(self: &Arc<Self>) {
+    /// `unsynced` tells of lazy changes committed beside the rounds (see
+    /// `lazy_committed`). It holds no strong reference: it ends with the
+    /// store.
+    pub fn start_flusher(self: &Arc<Self>, unsynced: Box<dyn Fn() -> bool + Send>) {
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         *self.flusher.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let me: Weak<Self> = Arc::downgrade(self);
@@ -116,7 +118,8 @@ impl<C: Send + 'static> GroupCommit<C> {
                     let Some(me) = me.upgrade() else {
                         return;
                     };
-                    if me.lock().dirty {
+                    let dirty = me.lock().dirty;
+                    if dirty || unsynced() {
                         if let Err(e) = me.flush() {
                             tracing::error!(error = %e, "cannot make lazy store changes durable");
                         }
@@ -131,6 +134,11 @@ impl<C: Send + 'static> GroupCommit<C> {
     /// Makes every change committed so far durable.
     pub fn flush(&self) -> StoreResult<()> {
         self.enqueue(None, true)
+    }
+
+    /// Tells the flusher of a lazy change committed without a round.
+    pub fn lazy_committed(&self) {
+        self.wake_flusher();
     }
 
     fn wake_flusher(&self) {

@@ -159,6 +159,8 @@ struct Log {
     /// Lazy changes logged but not applied to redb, in log order: the next
     /// transaction applies them first (see `overlay`).
     deferred: Vec<Deferred>,
+    /// The log holds records written since its last sync.
+    unsynced: bool,
 }
 
 fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> StoreResult<T> {
@@ -237,11 +239,15 @@ impl Store {
                 rounds_since_checkpoint: 0,
                 failed: None,
                 deferred: Vec::new(),
+                unsynced: false,
             }),
             overlay: Overlay::default(),
         });
         let commits = Arc::new(GroupCommit::new(Box::new(JournalRound(journal.clone()))));
-        commits.start_flusher();
+        let weak = Arc::downgrade(&journal);
+        commits.start_flusher(Box::new(move || {
+            weak.upgrade().is_some_and(|j| j.lock().unsynced)
+        }));
         Ok(Store {
             db,
             commits,
@@ -260,9 +266,22 @@ impl Store {
         self.commits.rounds()
     }
 
-    /// Runs one change through the group commit (see `group_commit`).
+    /// Runs one change through the group commit (see `group_commit`); a
+    /// lazy volume change is logged at once instead, beside the rounds: in
+    /// a round it would wait for the sync the durable changes beside it
+    /// ask for.
     fn write(&self, durable: bool, op: Op, limit: Option<(String, u64)>) -> StoreResult<()> {
-        self.commits.submit(Change { op, limit }, durable)
+        let change = Change { op, limit };
+        if durable {
+            return self.commits.submit(change, true);
+        }
+        match self.journal.write_lazily(change) {
+            Ok(result) => {
+                self.commits.lazy_committed();
+                result
+            }
+            Err(change) => self.commits.submit(change, false),
+        }
     }
 
     /// Runs store work that may wait for an fsync off the async thread
@@ -765,6 +784,7 @@ impl Journal {
                 if let Err(e) = log.wal.sync() {
                     return log.fail(n, &e);
                 }
+                log.unsynced = false;
                 crate::observe::store_sync("flush");
             }
             if let Err(e) = self.settle_in(&mut log) {
@@ -850,7 +870,10 @@ impl Journal {
                 let _ = txn.abort();
                 return log.fail(n, &e);
             }
+            log.unsynced = false;
             crate::observe::store_sync("commit");
+        } else {
+            log.unsynced = true;
         }
         let committed = txn
             .set_durability(redb::Durability::None)
@@ -865,6 +888,24 @@ impl Journal {
         }
         self.applied(&mut log);
         results
+    }
+
+    /// Logs one lazy change at once (see `defer`), or hands it back for a
+    /// round.
+    fn write_lazily(&self, change: Change) -> Result<StoreResult<()>, Change> {
+        let mut log = self.lock();
+        if let Some(failed) = &log.failed {
+            return Ok(Err(StoreError::Worker(failed.clone())));
+        }
+        match self.defer(&mut log, vec![Some(change)]) {
+            Ok(mut results) => Ok(results
+                .pop()
+                .unwrap_or_else(|| Err(StoreError::Worker("lazy write lost its result".into())))),
+            Err(mut changes) => match changes.pop().flatten() {
+                Some(change) => Err(change),
+                None => Ok(Err(StoreError::Worker("lazy write lost its change".into()))),
+            },
+        }
     }
 
     /// Logs a lazy round without applying it to redb: its volume changes
@@ -913,6 +954,7 @@ impl Journal {
         if let Err(e) = log.wal.append(&payload) {
             return Ok(log.fail(n, &e));
         }
+        log.unsynced = true;
         for (change, record) in changes.into_iter().flatten().zip(encoded) {
             match &change.op {
                 Op::PutVolume(vol) => self.overlay.put(vol),
@@ -998,6 +1040,7 @@ fn checkpoint_in(txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> 
     txn.commit()?;
     crate::observe::store_sync("checkpoint");
     log.wal.reset();
+    log.unsynced = false;
     log.rounds_since_checkpoint = 0;
     Ok(())
 }
@@ -1482,6 +1525,23 @@ mod tests {
         // A clean stop applies them too.
         store.checkpoint().unwrap();
         assert!(in_redb(&store, "b").is_none() && in_redb(&store, "d").is_some());
+    }
+
+    #[test]
+    fn a_lazy_change_is_synced_in_the_background_soon_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.put_volume_lazily(&vol("a", "name-a")).unwrap();
+        assert!(store.journal.lock().unsynced, "logged, not synced");
+        let deadline = std::time::Instant::now() + crate::group_commit::FLUSH_AFTER * 40;
+        while store.journal.lock().unsynced {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flusher never synced a lazy change"
+            );
+            std::thread::sleep(crate::group_commit::FLUSH_AFTER / 5);
+        }
+        assert!(in_redb(&store, "a").is_some(), "and applied it to redb");
     }
 
     #[test]
