@@ -46,6 +46,9 @@ pub enum StartError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// Calls of the local backend on blocking threads at once.
+const LOCAL_CALLS_IN_FLIGHT: usize = 16;
+
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StartError + 'a {
     move |source| StartError::Io {
         what,
@@ -133,6 +136,12 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
         csi_spec: args.csi_spec,
     };
     let mut driver = Driver::new(config, store, backend).with_plugins_dir(args.plugins_dir.clone());
+    if driver.backend.kind() == "local" {
+        // Local calls are bound by the cores and the disk: more in flight
+        // only add threads (see `offload::limit_calls`). Member calls mostly
+        // wait on remote API servers, and stay unbounded.
+        crate::offload::limit_calls(LOCAL_CALLS_IN_FLIGHT);
+    }
     let mut work: Option<LeaderWork> = None;
     if let Some(host) = host {
         let role = Role::for_mode(args.mode, &args.node_id);
