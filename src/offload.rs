@@ -61,10 +61,12 @@ static IN_FLIGHT: OnceLock<Semaphore> = OnceLock::new();
 ///
 /// Each call in flight holds a thread (its stack, its share of malloc's
 /// arenas) and, past what the cores and the disk can serve, adds only
-/// threads: with 64 clients on 2 cores, a bound of 16 served as many
-/// lifecycles per second as no bound, with a peak RSS of 26 MB against
-/// 33-35 MB (84 threads). A call cut short by its time limit gives its
-/// turn back at once, even if its thread is still stuck in the kernel.
+/// threads. With 64 clients on 2 cores (alternating runs): a bound of 32
+/// served 383-441 lifecycles/s against 377-451 with none, at a peak RSS
+/// of 26-28 MB against 28-31 MB (84 threads); a bound of 16 went down to
+/// 22 MB but lost 10-15 % of the throughput, its rounds sharing fewer
+/// syncs. A call cut short by its time limit gives its turn back at once,
+/// even if its thread is still stuck in the kernel.
 pub fn limit_calls(n: usize) {
     if IN_FLIGHT.set(Semaphore::new(n.max(1))).is_err() {
         tracing::warn!("the bound on calls in flight was set already");

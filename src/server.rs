@@ -47,7 +47,7 @@ pub enum StartError {
 }
 
 /// Calls of the local backend on blocking threads at once.
-const LOCAL_CALLS_IN_FLIGHT: usize = 16;
+const LOCAL_CALLS_IN_FLIGHT: usize = 32;
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StartError + 'a {
     move |source| StartError::Io {
