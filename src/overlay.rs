@@ -66,24 +66,7 @@ impl Overlay {
 mod tests {
     use super::*;
 
-    fn vol(id: &str, name: &str) -> Volume {
-        Volume {
-            id: id.into(),
-            name: name.into(),
-            capacity_bytes: 1,
-            backing: crate::volume::Backing::Directory,
-            capabilities: vec![],
-            parameters: Default::default(),
-            mutable_parameters: Default::default(),
-            source: None,
-            topology: vec![],
-            context: Default::default(),
-            created_unix: 0,
-            lifecycle: crate::volume::Lifecycle::Ready,
-            ephemeral: false,
-            nodes: Default::default(),
-        }
-    }
+    use crate::volume::sample as vol;
 
     #[test]
     fn the_latest_change_wins_and_a_removal_hides_the_record() {

@@ -1346,27 +1346,10 @@ fn reindex_nodes(
 mod tests {
     use super::*;
     use crate::capability::{AccessMode, AccessType, Capability};
-    use crate::volume::{Attachment, Backing, Lifecycle, NodeRecord};
+    use crate::volume::{Attachment, Lifecycle, NodeRecord};
     use std::collections::BTreeMap;
 
-    fn vol(id: &str, name: &str) -> Volume {
-        Volume {
-            id: id.into(),
-            name: name.into(),
-            capacity_bytes: 100,
-            backing: Backing::Directory,
-            capabilities: vec![],
-            parameters: BTreeMap::new(),
-            mutable_parameters: BTreeMap::new(),
-            source: None,
-            topology: vec![],
-            context: BTreeMap::new(),
-            created_unix: 0,
-            lifecycle: Lifecycle::Ready,
-            ephemeral: false,
-            nodes: BTreeMap::new(),
-        }
-    }
+    use crate::volume::sample as vol;
 
     fn attach(v: &mut Volume, node: &str) {
         v.nodes.insert(

@@ -212,3 +212,24 @@ pub struct GroupSnapshot {
     pub lifecycle: Lifecycle,
     pub parameters: BTreeMap<String, String>,
 }
+
+/// A ready directory volume of 100 bytes, for tests.
+#[cfg(test)]
+pub fn sample(id: &str, name: &str) -> Volume {
+    Volume {
+        id: id.into(),
+        name: name.into(),
+        capacity_bytes: 100,
+        backing: Backing::Directory,
+        capabilities: vec![],
+        parameters: BTreeMap::new(),
+        mutable_parameters: BTreeMap::new(),
+        source: None,
+        topology: vec![],
+        context: BTreeMap::new(),
+        created_unix: 0,
+        lifecycle: Lifecycle::Ready,
+        ephemeral: false,
+        nodes: BTreeMap::new(),
+    }
+}
