@@ -805,9 +805,9 @@ impl Journal {
             Err(e) => return all_failed(n, &e.to_string()),
         };
         // What earlier lazy rounds logged comes first, as in the log.
-        if let Err(e) = apply_deferred(&txn, &log.deferred) {
+        if let Err(failed) = apply_pending(&txn, &mut log) {
             let _ = txn.abort();
-            return log.fail_applying(n, &e);
+            return all_failed(n, &failed);
         }
         let mut results = Vec::with_capacity(n);
         // The round's ops as a JSON list, as replay reads it.
@@ -845,7 +845,7 @@ impl Journal {
             // Every change was refused; what was pending is applied still.
             return match self.commit_pending(txn, &mut log) {
                 Ok(()) => results,
-                Err(e) => log.fail_applying(n, &e),
+                Err(e) => all_failed(n, &log.fail_applying(&e)),
             };
         }
         payload.push(b']');
@@ -976,21 +976,18 @@ impl Journal {
             return Ok(());
         }
         let txn = self.db.begin_write()?;
-        if let Err(e) = apply_deferred(&txn, &log.deferred) {
+        if let Err(failed) = apply_pending(&txn, log) {
             let _ = txn.abort();
-            log.fail_applying(0, &e);
-            return Err(e);
+            return Err(StoreError::Worker(failed));
         }
-        self.commit_pending(txn, log).inspect_err(|e| {
-            log.fail_applying(0, e);
-        })
+        self.commit_pending(txn, log)
+            .map_err(|e| StoreError::Worker(log.fail_applying(&e)))
     }
 
     /// Commits, without a sync, a transaction that applied the pending
     /// changes and nothing the log does not already hold.
-    fn commit_pending(&self, txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> {
+    fn commit_pending(&self, mut txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> {
         log.rounds_since_checkpoint += 1;
-        let mut txn = txn;
         txn.set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Worker(e.to_string()))?;
         txn.commit()?;
@@ -1013,10 +1010,9 @@ impl Journal {
             return Err(StoreError::Worker(failed.clone()));
         }
         let txn = self.db.begin_write()?;
-        if let Err(e) = apply_deferred(&txn, &log.deferred) {
+        if let Err(failed) = apply_pending(&txn, &mut log) {
             let _ = txn.abort();
-            log.fail_applying(0, &e);
-            return Err(e);
+            return Err(StoreError::Worker(failed));
         }
         checkpoint_in(txn, &mut log)?;
         self.applied(&mut log);
@@ -1024,12 +1020,13 @@ impl Journal {
     }
 }
 
-/// Applies the pending lazy changes, in log order.
-fn apply_deferred(txn: &redb::WriteTransaction, deferred: &[Deferred]) -> StoreResult<()> {
-    for d in deferred {
-        apply_encoded(txn, &d.op, d.record.as_deref(), None)?;
-    }
-    Ok(())
+/// Applies the pending lazy changes in `txn`, in log order. When they
+/// cannot be, the store stops (`Log::fail_applying`) and this says why.
+fn apply_pending(txn: &redb::WriteTransaction, log: &mut Log) -> Result<(), String> {
+    log.deferred
+        .iter()
+        .try_for_each(|d| apply_encoded(txn, &d.op, d.record.as_deref(), None))
+        .map_err(|e| log.fail_applying(&e))
 }
 
 /// Commits `txn` durably, naming the last log record it includes, then
@@ -1049,14 +1046,14 @@ impl Log {
     /// Pending changes the log holds could not be applied to redb: this
     /// process cannot go on from a state it cannot build; a restart
     /// replays the log.
-    fn fail_applying(&mut self, n: usize, e: &StoreError) -> Vec<StoreResult<()>> {
+    fn fail_applying(&mut self, e: &StoreError) -> String {
         let msg = format!(
             "logged store changes cannot be applied ({e}); csi-relay accepts no change until \
              it is restarted and replays the log"
         );
         tracing::error!(error = %e, "pending store changes cannot be applied");
         self.failed = Some(msg.clone());
-        all_failed(n, &msg)
+        msg
     }
 
     fn fail(&mut self, n: usize, e: &std::io::Error) -> Vec<StoreResult<()>> {
@@ -1525,6 +1522,29 @@ mod tests {
             std::thread::sleep(crate::group_commit::FLUSH_AFTER / 5);
         }
         assert!(in_redb(&store, "a").is_some(), "and applied it to redb");
+    }
+
+    #[test]
+    fn a_round_whose_every_change_is_refused_still_applies_what_was_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut a = vol("a", "name-a");
+        attach(&mut a, "n1");
+        store.put_volume(&a).unwrap();
+        store.put_volume_lazily(&vol("b", "name-b")).unwrap();
+        let mut c = vol("c", "name-c");
+        attach(&mut c, "n1");
+        let refused = store.put_volume_limited(&c, Some(("n1", 1)));
+        assert!(
+            matches!(refused, Err(StoreError::AttachLimit { .. })),
+            "{refused:?}"
+        );
+        assert!(
+            in_redb(&store, "b").is_some(),
+            "the pending change was committed"
+        );
+        assert!(in_redb(&store, "c").is_none());
+        assert!(store.volume("b").unwrap().is_some());
     }
 
     #[test]
