@@ -60,6 +60,17 @@ impl Overlay {
     pub fn clear(&self) {
         self.write().clear();
     }
+
+    /// Keeps only `pending` (in log order, the latest wins), once redb has
+    /// committed the changes before them. The map is swapped whole: a
+    /// reader never finds an entry missing that redb does not hold yet.
+    pub fn keep_only<'a>(&self, pending: impl IntoIterator<Item = (&'a str, Option<&'a Volume>)>) {
+        let mut latest = HashMap::new();
+        for (id, vol) in pending {
+            latest.insert(id.to_string(), vol.cloned());
+        }
+        *self.write() = latest;
+    }
 }
 
 #[cfg(test)]

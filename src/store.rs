@@ -8,7 +8,7 @@
 //! readers find it in the `overlay`.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use serde::{de::DeserializeOwned, Serialize};
@@ -111,6 +111,17 @@ enum Op {
     },
 }
 
+impl Op {
+    /// The volume a lazy change writes (`None`: removes), for the overlay.
+    fn pending_volume(&self) -> Option<(&str, Option<&Volume>)> {
+        match self {
+            Op::PutVolume(vol) => Some((vol.id.as_str(), Some(&**vol))),
+            Op::RemoveVolume(id) => Some((id.as_str(), None)),
+            _ => None,
+        }
+    }
+}
+
 /// A change as submitted: the op, and for a ControllerPublish the attach
 /// limit it must respect (checked when it is first applied, not at replay:
 /// it was within the limit then).
@@ -134,7 +145,17 @@ const WAL_CHECKPOINT: &str = "wal/checkpoint";
 /// checkpoint) and starts the log again.
 struct Journal {
     db: Arc<Database>,
+    /// Held by whoever opens a redb write transaction (a round, a settle,
+    /// a checkpoint), before `log`: a round lets go of `log` during its
+    /// sync but not of its transaction.
+    writer: Mutex<()>,
     log: Mutex<Log>,
+    /// The log's file, synced without `log` held: lazy writers append
+    /// meanwhile instead of waiting out the fdatasync.
+    syncer: std::fs::File,
+    /// Runs once during the next sync, with `log` let go.
+    #[cfg(test)]
+    during_sync: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// Readers' view of `Log::deferred`.
     overlay: Overlay,
 }
@@ -159,8 +180,8 @@ struct Log {
     /// Lazy changes logged but not applied to redb, in log order: the next
     /// transaction applies them first (see `overlay`).
     deferred: Vec<Deferred>,
-    /// The log holds records written since its last sync.
-    unsynced: bool,
+    /// The last log record known to be durable.
+    synced_upto: u64,
 }
 
 fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> StoreResult<T> {
@@ -232,21 +253,28 @@ impl Store {
             txn.abort()?;
         }
         let db = Arc::new(db);
+        let syncer = wal
+            .syncer()
+            .map_err(|e| StoreError::Worker(e.to_string()))?;
         let journal = Arc::new(Journal {
             db: db.clone(),
+            writer: Mutex::new(()),
             log: Mutex::new(Log {
+                synced_upto: wal.next_lsn() - 1,
                 wal,
                 rounds_since_checkpoint: 0,
                 failed: None,
                 deferred: Vec::new(),
-                unsynced: false,
             }),
+            syncer,
+            #[cfg(test)]
+            during_sync: Mutex::new(None),
             overlay: Overlay::default(),
         });
         let commits = Arc::new(GroupCommit::new(Box::new(JournalRound(journal.clone()))));
         let weak = Arc::downgrade(&journal);
         commits.start_flusher(Box::new(move || {
-            weak.upgrade().is_some_and(|j| j.lock().unsynced)
+            weak.upgrade().is_some_and(|j| j.lock().unsynced())
         }));
         Ok(Store {
             db,
@@ -304,6 +332,7 @@ impl Store {
         if self.journal.overlay.is_empty() {
             return Ok(());
         }
+        let _writer = self.journal.writer();
         let mut log = self.journal.lock();
         if let Some(failed) = &log.failed {
             return Err(StoreError::Worker(failed.clone()));
@@ -766,13 +795,37 @@ fn all_failed(n: usize, msg: &str) -> Vec<StoreResult<()>> {
 }
 
 impl Journal {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+    fn lock(&self) -> MutexGuard<'_, Log> {
         // The log's fields change only after the write they describe.
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn writer(&self) -> MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Syncs the log up to its last record with `log` let go meanwhile
+    /// (lazy writes append behind the records being synced), and takes it
+    /// again. The caller holds `writer`: no checkpoint restarts the log
+    /// under the sync.
+    fn sync<'a>(&'a self, log: MutexGuard<'a, Log>) -> (MutexGuard<'a, Log>, std::io::Result<()>) {
+        let upto = log.wal.next_lsn() - 1;
+        drop(log);
+        #[cfg(test)]
+        if let Some(f) = self.during_sync.lock().ok().and_then(|mut f| f.take()) {
+            f();
+        }
+        let synced = self.syncer.sync_data();
+        let mut log = self.lock();
+        if synced.is_ok() {
+            log.synced_upto = log.synced_upto.max(upto);
+        }
+        (log, synced)
+    }
+
     fn run(&self, changes: Vec<Option<Change>>, durable: bool) -> Vec<StoreResult<()>> {
         let n = changes.len();
+        let _writer = self.writer();
         let mut log = self.lock();
         if let Some(failed) = &log.failed {
             return all_failed(n, failed);
@@ -781,10 +834,11 @@ impl Journal {
             // Only a sync of what lazy rounds left unsynced (the flusher),
             // which may as well apply what they left pending.
             if durable {
-                if let Err(e) = log.wal.sync() {
+                let synced;
+                (log, synced) = self.sync(log);
+                if let Err(e) = synced {
                     return log.fail(n, &e);
                 }
-                log.unsynced = false;
                 crate::observe::store_sync("flush");
             }
             if let Err(e) = self.settle_in(&mut log) {
@@ -809,6 +863,8 @@ impl Journal {
             let _ = txn.abort();
             return all_failed(n, &failed);
         }
+        // Lazy writes may add to them while the log is synced.
+        let pending = log.deferred.len();
         let mut results = Vec::with_capacity(n);
         // The round's ops as a JSON list, as replay reads it.
         let mut payload = vec![b'['];
@@ -843,7 +899,7 @@ impl Journal {
                 return results;
             }
             // Every change was refused; what was pending is applied still.
-            return match self.commit_pending(txn, &mut log) {
+            return match self.commit_pending(txn, &mut log, pending) {
                 Ok(()) => results,
                 Err(e) => all_failed(n, &log.fail_applying(&e)),
             };
@@ -855,7 +911,7 @@ impl Journal {
             // the log, covered up to here, starts again.
             return match checkpoint_in(txn, &mut log) {
                 Ok(()) => {
-                    self.applied(&mut log);
+                    self.applied(&mut log, pending);
                     results
                 }
                 Err(e) => all_failed(n, &format!("checkpoint failed: {e}")),
@@ -866,14 +922,13 @@ impl Journal {
             return log.fail(n, &e);
         }
         if durable {
-            if let Err(e) = log.wal.sync() {
+            let synced;
+            (log, synced) = self.sync(log);
+            if let Err(e) = synced {
                 let _ = txn.abort();
                 return log.fail(n, &e);
             }
-            log.unsynced = false;
             crate::observe::store_sync("commit");
-        } else {
-            log.unsynced = true;
         }
         let committed = txn
             .set_durability(redb::Durability::None)
@@ -886,7 +941,7 @@ impl Journal {
             ));
             return all_failed(n, &format!("commit failed: {e}"));
         }
-        self.applied(&mut log);
+        self.applied(&mut log, pending);
         results
     }
 
@@ -954,12 +1009,11 @@ impl Journal {
         if let Err(e) = log.wal.append(&payload) {
             return Ok(log.fail(n, &e));
         }
-        log.unsynced = true;
         for (change, record) in changes.into_iter().flatten().zip(encoded) {
-            match &change.op {
-                Op::PutVolume(vol) => self.overlay.put(vol),
-                Op::RemoveVolume(id) => self.overlay.remove(id),
-                _ => {}
+            match change.op.pending_volume() {
+                Some((_, Some(vol))) => self.overlay.put(vol),
+                Some((id, None)) => self.overlay.remove(id),
+                None => {}
             }
             log.deferred.push(Deferred {
                 op: change.op,
@@ -980,31 +1034,46 @@ impl Journal {
             let _ = txn.abort();
             return Err(StoreError::Worker(failed));
         }
-        self.commit_pending(txn, log)
+        let pending = log.deferred.len();
+        self.commit_pending(txn, log, pending)
             .map_err(|e| StoreError::Worker(log.fail_applying(&e)))
     }
 
     /// Commits, without a sync, a transaction that applied the pending
     /// changes and nothing the log does not already hold.
-    fn commit_pending(&self, mut txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> {
+    fn commit_pending(
+        &self,
+        mut txn: redb::WriteTransaction,
+        log: &mut Log,
+        pending: usize,
+    ) -> StoreResult<()> {
         log.rounds_since_checkpoint += 1;
         txn.set_durability(redb::Durability::None)
             .map_err(|e| StoreError::Worker(e.to_string()))?;
         txn.commit()?;
-        self.applied(log);
+        self.applied(log, pending);
         Ok(())
     }
 
-    /// Forgets the pending changes once redb has committed them.
-    fn applied(&self, log: &mut Log) {
-        if !log.deferred.is_empty() {
-            log.deferred.clear();
+    /// Forgets the first `count` pending changes once redb has committed
+    /// them; later ones (logged during the round's sync) stay pending.
+    fn applied(&self, log: &mut Log, count: usize) {
+        let count = count.min(log.deferred.len());
+        if count == 0 {
+            return;
+        }
+        log.deferred.drain(..count);
+        if log.deferred.is_empty() {
             self.overlay.clear();
+        } else {
+            self.overlay
+                .keep_only(log.deferred.iter().filter_map(|d| d.op.pending_volume()));
         }
     }
 
     /// A durable redb commit that covers every log record so far.
     fn checkpoint(&self) -> StoreResult<()> {
+        let _writer = self.writer();
         let mut log = self.lock();
         if let Some(failed) = &log.failed {
             return Err(StoreError::Worker(failed.clone()));
@@ -1014,8 +1083,9 @@ impl Journal {
             let _ = txn.abort();
             return Err(StoreError::Worker(failed));
         }
+        let pending = log.deferred.len();
         checkpoint_in(txn, &mut log)?;
-        self.applied(&mut log);
+        self.applied(&mut log, pending);
         Ok(())
     }
 }
@@ -1037,12 +1107,17 @@ fn checkpoint_in(txn: redb::WriteTransaction, log: &mut Log) -> StoreResult<()> 
     txn.commit()?;
     crate::observe::store_sync("checkpoint");
     log.wal.reset();
-    log.unsynced = false;
+    log.synced_upto = last;
     log.rounds_since_checkpoint = 0;
     Ok(())
 }
 
 impl Log {
+    /// The log holds records written since its last sync.
+    fn unsynced(&self) -> bool {
+        self.wal.next_lsn() - 1 > self.synced_upto
+    }
+
     /// Pending changes the log holds could not be applied to redb: this
     /// process cannot go on from a state it cannot build; a restart
     /// replays the log.
@@ -1508,13 +1583,63 @@ mod tests {
     }
 
     #[test]
+    fn a_lazy_change_is_not_held_up_by_a_sync_and_stays_pending_past_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.put_volume_lazily(&vol("a", "name-a")).unwrap();
+        let mut a2 = vol("a", "name-a");
+        a2.capacity_bytes = 5;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let during = store.clone();
+        let lazy = a2.clone();
+        *store.journal.during_sync.lock().unwrap() = Some(Box::new(move || {
+            let (done, wait) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = done.send(
+                    during
+                        .put_volume_lazily(&lazy)
+                        .and_then(|()| during.put_volume_lazily(&vol("b", "name-b"))),
+                );
+            });
+            // With the log held across the sync these writes would wait
+            // for the round, which waits here: they time out.
+            let _ = tx.send(wait.recv_timeout(std::time::Duration::from_secs(5)));
+        }));
+        let writer = {
+            let s = store.clone();
+            std::thread::spawn(move || s.put_volume(&vol("c", "name-c")))
+        };
+        let lazy = rx.recv_timeout(std::time::Duration::from_secs(20));
+        assert!(
+            matches!(lazy, Ok(Ok(Ok(())))),
+            "lazy writes went on during the sync: {lazy:?}"
+        );
+        writer.join().unwrap().unwrap();
+        // The round applied the first `a`, not what came during its sync.
+        assert_eq!(in_redb(&store, "a").map(|v| v.capacity_bytes), Some(100));
+        assert!(in_redb(&store, "b").is_none());
+        assert_eq!(store.volume("a").unwrap(), Some(a2.clone()));
+        assert!(store.volume("b").unwrap().is_some());
+        assert!(
+            store.journal.lock().unsynced(),
+            "written after the sync began"
+        );
+        let crashed = crash_copy(dir.path());
+        let after = Store::open(crashed.path()).unwrap();
+        assert_eq!(after.volume("a").unwrap(), Some(a2.clone()));
+        assert!(after.volume("b").unwrap().is_some() && after.volume("c").unwrap().is_some());
+        assert_eq!(store.allocated_bytes().unwrap(), 205);
+        assert_eq!(in_redb(&store, "a"), Some(a2));
+    }
+
+    #[test]
     fn a_lazy_change_is_synced_in_the_background_soon_after() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         store.put_volume_lazily(&vol("a", "name-a")).unwrap();
-        assert!(store.journal.lock().unsynced, "logged, not synced");
+        assert!(store.journal.lock().unsynced(), "logged, not synced");
         let deadline = std::time::Instant::now() + crate::group_commit::FLUSH_AFTER * 40;
-        while store.journal.lock().unsynced {
+        while store.journal.lock().unsynced() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the flusher never synced a lazy change"

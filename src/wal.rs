@@ -115,6 +115,12 @@ impl Wal {
         self.file.sync_data()
     }
 
+    /// A second handle on the log's file, to sync it while appends go on
+    /// through this one.
+    pub fn syncer(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
     /// Starts writing from the beginning again, once a checkpoint covers
     /// every record so far. Older records left behind are numbered lower
     /// than the next one, so replay never takes them.
