@@ -43,6 +43,15 @@ impl Overlay {
             .cloned()
     }
 
+    /// Every pending change: the latest record of each volume, or `None`
+    /// for a removal.
+    pub fn pending(&self) -> Vec<(String, Option<Volume>)> {
+        self.read()
+            .iter()
+            .map(|(id, v)| (id.clone(), v.clone()))
+            .collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.read().is_empty()
     }
