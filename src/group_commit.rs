@@ -102,11 +102,11 @@ impl<C: Send + 'static> GroupCommit<C> {
     }
 
     /// Starts the thread that makes lazy changes durable `FLUSH_AFTER`
-    /// after they were committed, unless a durable commit did it before.
-    /// `unsynced` tells of lazy changes committed beside the rounds (see
-    /// `lazy_committed`). It holds no strong reference: it ends with the
-    /// store.
-    pub fn start_flusher(self: &Arc<Self>, unsynced: Box<dyn Fn() -> bool + Send>) {
+    /// after they were committed, unless a durable commit did it before,
+    /// and has pending changes applied. `unsettled` tells of changes
+    /// committed beside the rounds or left pending (see `left_pending`).
+    /// It holds no strong reference: it ends with the store.
+    pub fn start_flusher(self: &Arc<Self>, unsettled: Box<dyn Fn() -> bool + Send>) {
         let (tx, rx) = std::sync::mpsc::sync_channel::<()>(1);
         *self.flusher.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         let me: Weak<Self> = Arc::downgrade(self);
@@ -119,7 +119,7 @@ impl<C: Send + 'static> GroupCommit<C> {
                         return;
                     };
                     let dirty = me.lock().dirty;
-                    if dirty || unsynced() {
+                    if dirty || unsettled() {
                         if let Err(e) = me.flush() {
                             tracing::error!(error = %e, "cannot make lazy store changes durable");
                         }
@@ -136,8 +136,9 @@ impl<C: Send + 'static> GroupCommit<C> {
         self.enqueue(None, true)
     }
 
-    /// Tells the flusher of a lazy change committed without a round.
-    pub fn lazy_committed(&self) {
+    /// Tells the flusher of a change committed without a round, or left
+    /// for it to settle.
+    pub fn left_pending(&self) {
         self.wake_flusher();
     }
 

@@ -1,84 +1,159 @@
 //! Volume records the store's log holds and redb does not hold yet.
 //!
-//! A lazy change (a node call's intent or outcome) is written to the log
-//! and applied to redb later, with the next round that commits anyway:
-//! a redb transaction costs more than the log write, and it grows with the
+//! A volume change is written to the log (and synced, when it must be
+//! durable) and applied to redb later, many changes to one transaction: a
+//! redb transaction costs more than the log write, and it grows with the
 //! size of the tables (copy-on-write pages, checksums). Until then readers
-//! of a single record find it here; a reader of an index has the pending
-//! changes applied first (`Store::settle`).
+//! of a single record find it here, and readers of a counter add what the
+//! pending changes add to it; a reader of an index has the pending changes
+//! applied first (`Store::settle`).
 
 use std::collections::HashMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::volume::Volume;
 
-/// The latest pending record of each volume; `None` is a pending removal.
+/// What one change adds to the store's counters, against the record it
+/// replaces: allocated bytes, and attachments per node.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Delta {
+    pub allocated: i128,
+    pub attached: Vec<(String, i64)>,
+}
+
+impl Delta {
+    /// From `old` (what a reader finds before the change) to `new`.
+    pub fn between(old: Option<&Volume>, new: Option<&Volume>) -> Delta {
+        let bytes = |v: Option<&Volume>| i128::from(v.map_or(0, |v| v.capacity_bytes));
+        let mut attached = Vec::new();
+        for v in [old, new].into_iter().flatten() {
+            for node in v.nodes.keys() {
+                let on = |v: Option<&Volume>| {
+                    i64::from(
+                        v.and_then(|v| v.nodes.get(node))
+                            .is_some_and(|n| n.attachment.is_some()),
+                    )
+                };
+                let d = on(new) - on(old);
+                if d != 0 && !attached.iter().any(|(n, _)| n == node) {
+                    attached.push((node.clone(), d));
+                }
+            }
+        }
+        Delta {
+            allocated: bytes(new) - bytes(old),
+            attached,
+        }
+    }
+}
+
+/// What every pending change adds to the counters redb holds.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub allocated: i128,
+    pub attached: HashMap<String, i64>,
+}
+
+impl Counts {
+    pub fn add(&mut self, d: &Delta) {
+        self.apply(d, 1);
+    }
+
+    fn apply(&mut self, d: &Delta, sign: i64) {
+        self.allocated += d.allocated * i128::from(sign);
+        for (node, n) in &d.attached {
+            let slot = self.attached.entry(node.clone()).or_default();
+            *slot += n * sign;
+            if *slot == 0 {
+                self.attached.remove(node);
+            }
+        }
+    }
+
+    /// Attachments the pending changes add on `node`.
+    pub fn attached_on(&self, node: &str) -> i64 {
+        self.attached.get(node).copied().unwrap_or(0)
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    /// The latest pending record of each volume; `None` is a removal.
+    latest: HashMap<String, Option<Volume>>,
+    counts: Counts,
+}
+
 #[derive(Default)]
 pub struct Overlay {
-    latest: RwLock<HashMap<String, Option<Volume>>>,
+    pending: RwLock<Pending>,
 }
 
 impl Overlay {
-    fn read(&self) -> RwLockReadGuard<'_, HashMap<String, Option<Volume>>> {
+    fn read(&self) -> RwLockReadGuard<'_, Pending> {
         // Writers replace whole entries: a poisoned map is still consistent.
-        self.latest.read().unwrap_or_else(|p| p.into_inner())
+        self.pending.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, HashMap<String, Option<Volume>>> {
-        self.latest.write().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> RwLockWriteGuard<'_, Pending> {
+        self.pending.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// `Some(record)` when a change of volume `id` is pending: the record,
     /// or `None` when it is removed. `None` sends the reader to redb.
     pub fn volume(&self, id: &str) -> Option<Option<Volume>> {
-        self.read().get(id).cloned()
+        self.read().latest.get(id).cloned()
     }
 
     /// A volume named `name` written by a pending change.
     pub fn volume_named(&self, name: &str) -> Option<Volume> {
         self.read()
+            .latest
             .values()
             .flatten()
             .find(|v| v.name == name)
             .cloned()
     }
 
-    /// Every pending change: the latest record of each volume, or `None`
-    /// for a removal.
-    pub fn pending(&self) -> Vec<(String, Option<Volume>)> {
-        self.read()
-            .iter()
-            .map(|(id, v)| (id.clone(), v.clone()))
-            .collect()
-    }
-
     pub fn is_empty(&self) -> bool {
-        self.read().is_empty()
+        self.read().latest.is_empty()
     }
 
-    pub fn put(&self, vol: &Volume) {
-        self.write().insert(vol.id.clone(), Some(vol.clone()));
+    /// Runs `read` (a read of redb's counters) with what the pending changes
+    /// add to them. No commit of pending changes to redb happens meanwhile
+    /// (`retire` holds them off), so the two agree.
+    pub fn with_counts<T>(&self, read: impl FnOnce(&Counts) -> T) -> T {
+        let pending = self.read();
+        read(&pending.counts)
     }
 
-    pub fn remove(&self, id: &str) {
-        self.write().insert(id.to_string(), None);
+    /// Records a pending change of volume `id` (`None`: its removal).
+    pub fn add(&self, id: &str, record: Option<&Volume>, delta: &Delta) {
+        let mut pending = self.write();
+        pending.latest.insert(id.to_string(), record.cloned());
+        pending.counts.add(delta);
     }
 
-    /// Forgets every pending change, once redb has committed them: a
-    /// reader then finds them there.
-    pub fn clear(&self) {
-        self.write().clear();
-    }
-
-    /// Keeps only `pending` (in log order, the latest wins), once redb has
-    /// committed the changes before them. The map is swapped whole: a
-    /// reader never finds an entry missing that redb does not hold yet.
-    pub fn keep_only<'a>(&self, pending: impl IntoIterator<Item = (&'a str, Option<&'a Volume>)>) {
+    /// Runs `commit` (redb taking pending changes) with readers held off,
+    /// and once it succeeded forgets the changes it applied (their deltas)
+    /// and keeps only `remaining` (in log order, the latest wins): a reader
+    /// finds each change here or in redb, never in both or neither.
+    pub fn retire<'a, T, E>(
+        &self,
+        commit: impl FnOnce() -> Result<T, E>,
+        applied: impl IntoIterator<Item = &'a Delta>,
+        remaining: impl IntoIterator<Item = (&'a str, Option<&'a Volume>)>,
+    ) -> Result<T, E> {
+        let mut pending = self.write();
+        let committed = commit()?;
+        for d in applied {
+            pending.counts.apply(d, -1);
+        }
         let mut latest = HashMap::new();
-        for (id, vol) in pending {
+        for (id, vol) in remaining {
             latest.insert(id.to_string(), vol.cloned());
         }
-        *self.write() = latest;
+        pending.latest = latest;
+        Ok(committed)
     }
 }
 
@@ -86,18 +161,56 @@ impl Overlay {
 mod tests {
     use super::*;
 
-    use crate::volume::sample as vol;
+    use crate::volume::{attach, sample as vol};
+
+    fn attached(mut v: Volume, node: &str) -> Volume {
+        attach(&mut v, node);
+        v
+    }
 
     #[test]
     fn the_latest_change_wins_and_a_removal_hides_the_record() {
         let o = Overlay::default();
         assert!(o.volume("a").is_none(), "nothing pending: read redb");
-        o.put(&vol("a", "pvc-a"));
+        let a = vol("a", "pvc-a");
+        o.add("a", Some(&a), &Delta::between(None, Some(&a)));
         assert_eq!(o.volume_named("pvc-a").map(|v| v.id), Some("a".into()));
-        o.remove("a");
+        o.add("a", None, &Delta::between(Some(&a), None));
         assert_eq!(o.volume("a"), Some(None), "a pending removal answers none");
         assert!(o.volume_named("pvc-a").is_none());
-        o.clear();
+        o.with_counts(|c| assert_eq!((c.allocated, c.attached.len()), (0, 0)));
+        let none: [(&str, Option<&Volume>); 0] = [];
+        o.retire(|| Ok::<(), ()>(()), [], none).unwrap();
         assert!(o.is_empty() && o.volume("a").is_none());
+    }
+
+    #[test]
+    fn counts_follow_each_change_and_forget_it_once_applied() {
+        let o = Overlay::default();
+        let a = attached(vol("a", "pvc-a"), "n1");
+        let mut a2 = attached(a.clone(), "n2");
+        a2.nodes.remove("n1");
+        a2.capacity_bytes = 300;
+        let first = Delta::between(None, Some(&a));
+        let second = Delta::between(Some(&a), Some(&a2));
+        assert_eq!(second.allocated, 200);
+        assert_eq!(second.attached.len(), 2);
+        o.add("a", Some(&a), &first);
+        o.add("a", Some(&a2), &second);
+        o.with_counts(|c| {
+            assert_eq!(c.allocated, 300);
+            assert_eq!((c.attached_on("n1"), c.attached_on("n2")), (0, 1));
+        });
+        // A failed commit changes nothing.
+        assert!(o.retire(|| Err::<(), _>("no"), [&first], []).is_err());
+        o.with_counts(|c| assert_eq!(c.allocated, 300));
+        // redb took the first change; the second is still pending.
+        o.retire(|| Ok::<(), ()>(()), [&first], [("a", Some(&a2))])
+            .unwrap();
+        o.with_counts(|c| {
+            assert_eq!(c.allocated, 200);
+            assert_eq!((c.attached_on("n1"), c.attached_on("n2")), (-1, 1));
+        });
+        assert_eq!(o.volume("a"), Some(Some(a2)));
     }
 }

@@ -1,11 +1,12 @@
 //! Durable driver state in an embedded transactional store (redb): volume,
 //! snapshot and group-snapshot records plus the indexes that keep every call
 //! O(log n) in the number of volumes. Each `put_*` / `remove_*` is durable
-//! when it returns: the change is applied to redb without a sync and written
-//! to the write-ahead log (`wal`), which one `fdatasync` makes durable and
-//! start-up replays over redb's last checkpoint. A lazy change (`*_lazily`)
-//! is only logged: redb takes it with the next transaction, and until then
-//! readers find it in the `overlay`.
+//! when it returns: the change is written to the write-ahead log (`wal`),
+//! which one `fdatasync` makes durable and start-up replays over redb's last
+//! checkpoint. A volume change waits there for a redb transaction that takes
+//! many (the flusher's, in the background), and until then readers find it
+//! in the `overlay`; other changes are applied to redb, without a sync, with
+//! their round. A lazy change (`*_lazily`) waits for no sync either.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -14,7 +15,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::group_commit::{GroupCommit, Round};
-use crate::overlay::Overlay;
+use crate::overlay::{Counts, Delta, Overlay};
 use crate::volume::{GroupSnapshot, Snapshot, Volume};
 use crate::wal::Wal;
 
@@ -112,7 +113,7 @@ enum Op {
 }
 
 impl Op {
-    /// The volume a lazy change writes (`None`: removes), for the overlay.
+    /// The volume a change writes (`None`: removes), for the overlay.
     fn pending_volume(&self) -> Option<(&str, Option<&Volume>)> {
         match self {
             Op::PutVolume(vol) => Some((vol.id.as_str(), Some(&**vol))),
@@ -140,9 +141,11 @@ const CHECKPOINT_ROUNDS: u64 = 1024;
 /// In COUNTERS: the last log record the durable redb state includes.
 const WAL_CHECKPOINT: &str = "wal/checkpoint";
 
-/// The leader's side of the group commit: applies a round to redb, logs it
-/// and syncs the log; every so often commits redb durably instead (a
-/// checkpoint) and starts the log again.
+/// The leader's side of the group commit: logs a round and syncs the log.
+/// Volume changes wait in the log (and the overlay) for a redb transaction
+/// that takes many at once; other changes are applied to redb with the
+/// round. Every so often redb commits durably instead (a checkpoint) and
+/// the log starts again.
 struct Journal {
     db: Arc<Database>,
     /// Held by whoever opens a redb write transaction (a round, a settle,
@@ -160,15 +163,17 @@ struct Journal {
     overlay: Overlay,
 }
 
-/// Lazy volume changes the log holds and redb does not yet, at most: the
-/// next lazy round beyond it applies them all.
+/// Volume changes the log holds and redb does not yet, at most: the next
+/// round beyond it applies them all (the flusher usually does before).
 const MAX_DEFERRED: usize = 256;
 
 /// A logged change waiting to be applied to redb, with a volume record's
-/// encoding so that it is not encoded twice.
+/// encoding so that it is not encoded twice, and what it adds to the
+/// counters.
 struct Deferred {
     op: Op,
     record: Option<Vec<u8>>,
+    delta: Delta,
 }
 
 struct Log {
@@ -177,8 +182,8 @@ struct Log {
     /// A log write or sync failed: what reached the disk is unknown, so
     /// nothing more is accepted until a restart replays the log.
     failed: Option<String>,
-    /// Lazy changes logged but not applied to redb, in log order: the next
-    /// transaction applies them first (see `overlay`).
+    /// Volume changes logged but not applied to redb, in log order: the
+    /// next transaction applies them first (see `overlay`).
     deferred: Vec<Deferred>,
     /// The last log record known to be durable.
     synced_upto: u64,
@@ -274,7 +279,10 @@ impl Store {
         let commits = Arc::new(GroupCommit::new(Box::new(JournalRound(journal.clone()))));
         let weak = Arc::downgrade(&journal);
         commits.start_flusher(Box::new(move || {
-            weak.upgrade().is_some_and(|j| j.lock().unsynced())
+            weak.upgrade().is_some_and(|j| {
+                let log = j.lock();
+                log.unsynced() || !log.deferred.is_empty()
+            })
         }));
         Ok(Store {
             db,
@@ -297,19 +305,20 @@ impl Store {
     /// Runs one change through the group commit (see `group_commit`); a
     /// lazy volume change is logged at once instead, beside the rounds: in
     /// a round it would wait for the sync the durable changes beside it
-    /// ask for.
+    /// ask for. A volume change left pending (see `Journal::defer`) wakes
+    /// the flusher, which applies it to redb in the background.
     fn write(&self, durable: bool, op: Op, limit: Option<(String, u64)>) -> StoreResult<()> {
         let change = Change { op, limit };
-        if durable {
-            return self.commits.submit(change, true);
-        }
-        match self.journal.write_lazily(change) {
-            Ok(result) => {
-                self.commits.lazy_committed();
-                result
+        let result = if durable {
+            self.commits.submit(change, true)
+        } else {
+            match self.journal.write_lazily(change) {
+                Ok(result) => result,
+                Err(change) => self.commits.submit(change, false),
             }
-            Err(change) => self.commits.submit(change, false),
-        }
+        };
+        self.commits.left_pending();
+        result
     }
 
     /// Runs store work that may wait for an fsync off the async thread
@@ -325,8 +334,8 @@ impl Store {
             .map_err(|e| StoreError::Worker(e.to_string()))?
     }
 
-    /// Applies lazy changes still pending to redb, so that a read of an
-    /// index or a counter sees them. A read of one record needs no settling
+    /// Applies the changes still pending to redb, so that a read of an
+    /// index sees them. A read of one record or a counter needs no settling
     /// (it looks at the overlay first).
     fn settle(&self) -> StoreResult<()> {
         if self.journal.overlay.is_empty() {
@@ -385,6 +394,8 @@ impl Store {
 
     /// How many records are in quarantine.
     pub fn quarantined(&self) -> StoreResult<u64> {
+        // Applying a pending change over an undecodable record moves it.
+        self.settle()?;
         let txn = self.db.begin_read()?;
         let n = txn.open_table(QUARANTINE)?.len()?;
         Ok(n)
@@ -474,8 +485,8 @@ impl Store {
 
     /// Like `put_volume`, but commits nothing and answers `AttachLimit` if
     /// the record would leave `node` with more than `max` attachments. The
-    /// count is read inside the writing transaction (redb has one writer at
-    /// a time), so two publishes to one node cannot both take the last slot.
+    /// count is read where the change is logged, one writer at a time, so
+    /// two publishes to one node cannot both take the last slot.
     pub fn put_volume_limited(&self, vol: &Volume, limit: Option<(&str, u64)>) -> StoreResult<()> {
         let limit = limit.map(|(n, m)| (n.to_string(), m));
         self.write(true, Op::PutVolume(Box::new(vol.clone())), limit)
@@ -543,47 +554,25 @@ impl Store {
 
     /// Volumes with ControllerPublish recorded on `node`.
     pub fn attached_count(&self, node: &str) -> StoreResult<u64> {
-        self.counter_with_pending(&format!("{ATTACHED_PREFIX}{node}"), |v| {
-            u64::from(v.nodes.get(node).is_some_and(|n| n.attachment.is_some()))
+        self.counter_with_pending(&format!("{ATTACHED_PREFIX}{node}"), |c| {
+            i128::from(c.attached_on(node))
         })
     }
 
-    /// A counter of volume records as the pending lazy changes leave it,
-    /// without a transaction to apply them (CreateVolume and
-    /// ControllerPublish read one each): redb's value, corrected by what
-    /// each pending change does to the record redb holds. `share` is one
-    /// record's part of the counter.
-    ///
-    /// The overlay is read before redb: a change committed in between is
-    /// then in both, and its correction is zero.
-    fn counter_with_pending(&self, key: &str, share: impl Fn(&Volume) -> u64) -> StoreResult<u64> {
-        let pending = self.journal.overlay.pending();
-        let txn = self.db.begin_read()?;
-        let value = txn.open_table(COUNTERS)?.get(key)?.map_or(0, |v| v.value());
-        if pending.is_empty() {
-            return Ok(value);
-        }
-        let volumes = txn.open_table(VOLUMES)?;
-        let mut value = i128::from(value);
-        for (id, latest) in &pending {
-            let held = match volumes.get(id.as_str())? {
-                None => None,
-                Some(raw) => match decode::<Volume>("volumes", id, raw.value()) {
-                    Ok(v) => Some(v),
-                    // Applying quarantines it, and counts accordingly.
-                    Err(_) => {
-                        drop((volumes, txn));
-                        self.settle()?;
-                        let txn = self.db.begin_read()?;
-                        let t = txn.open_table(COUNTERS)?;
-                        return Ok(t.get(key)?.map_or(0, |v| v.value()));
-                    }
-                },
-            };
-            value += i128::from(latest.as_ref().map_or(0, &share));
-            value -= i128::from(held.as_ref().map_or(0, &share));
-        }
-        Ok(u64::try_from(value.max(0)).unwrap_or(u64::MAX))
+    /// A counter of volume records as the pending changes leave it, without
+    /// a transaction to apply them (CreateVolume and ControllerPublish read
+    /// one each): redb's value plus what `pending` says they add to it.
+    fn counter_with_pending(
+        &self,
+        key: &str,
+        pending: impl FnOnce(&Counts) -> i128,
+    ) -> StoreResult<u64> {
+        self.journal.overlay.with_counts(|counts| {
+            let txn = self.db.begin_read()?;
+            let held = txn.open_table(COUNTERS)?.get(key)?.map_or(0, |v| v.value());
+            let value = i128::from(held) + pending(counts);
+            Ok(u64::try_from(value.max(0)).unwrap_or(u64::MAX))
+        })
     }
 
     /// Every volume that has any state on `node` (for the node's restart
@@ -606,10 +595,10 @@ impl Store {
         self.volumes_of(ids)
     }
 
-    /// Bytes of every volume and snapshot (lazy changes are of volumes
+    /// Bytes of every volume and snapshot (pending changes are of volumes
     /// only).
     pub fn allocated_bytes(&self) -> StoreResult<u64> {
-        self.counter_with_pending(ALLOCATED, |v| v.capacity_bytes)
+        self.counter_with_pending(ALLOCATED, |c| c.allocated)
     }
 
     // ---- snapshots ----
@@ -863,9 +852,9 @@ impl Journal {
             return all_failed(n, failed);
         }
         if changes.iter().all(Option::is_none) {
-            // Only a sync of what lazy rounds left unsynced (the flusher),
-            // which may as well apply what they left pending.
-            if durable {
+            // Only a sync of what lazy writes left unsynced (the flusher),
+            // which may as well apply what is pending.
+            if durable && log.unsynced() {
                 let synced;
                 (log, synced) = self.sync(log);
                 if let Err(e) = synced {
@@ -878,19 +867,25 @@ impl Journal {
             }
             return (0..n).map(|_| Ok(())).collect();
         }
-        let changes = if durable {
-            changes
-        } else {
-            match self.defer(&mut log, changes) {
-                Ok(results) => return results,
-                Err(changes) => changes,
+        let changes = match self.defer(&mut log, changes) {
+            Ok(results) => {
+                if durable && log.failed.is_none() && log.unsynced() {
+                    let synced;
+                    (log, synced) = self.sync(log);
+                    if let Err(e) = synced {
+                        return log.fail(n, &e);
+                    }
+                    crate::observe::store_sync("commit");
+                }
+                return results;
             }
+            Err(changes) => changes,
         };
         let mut txn = match self.db.begin_write() {
             Ok(t) => t,
             Err(e) => return all_failed(n, &e.to_string()),
         };
-        // What earlier lazy rounds logged comes first, as in the log.
+        // What is pending comes first, as in the log.
         if let Err(failed) = apply_pending(&txn, &mut log) {
             let _ = txn.abort();
             return all_failed(n, &failed);
@@ -941,11 +936,8 @@ impl Journal {
         if !log.wal.fits(payload.len()) || log.rounds_since_checkpoint >= CHECKPOINT_ROUNDS {
             // This round is the checkpoint: redb commits it durably and
             // the log, covered up to here, starts again.
-            return match checkpoint_in(txn, &mut log) {
-                Ok(()) => {
-                    self.applied(&mut log, pending);
-                    results
-                }
+            return match self.commit_applied(&mut log, pending, |log| checkpoint_in(txn, log)) {
+                Ok(()) => results,
                 Err(e) => all_failed(n, &format!("checkpoint failed: {e}")),
             };
         }
@@ -962,10 +954,11 @@ impl Journal {
             }
             crate::observe::store_sync("commit");
         }
-        let committed = txn
-            .set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Worker(e.to_string()))
-            .and_then(|()| Ok(txn.commit()?));
+        let committed = self.commit_applied(&mut log, pending, |_| {
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| StoreError::Worker(e.to_string()))?;
+            Ok(txn.commit()?)
+        });
         if let Err(e) = committed {
             // The log holds the round: it is applied at the next start.
             log.failed = Some(format!(
@@ -973,7 +966,6 @@ impl Journal {
             ));
             return all_failed(n, &format!("commit failed: {e}"));
         }
-        self.applied(&mut log, pending);
         results
     }
 
@@ -995,10 +987,12 @@ impl Journal {
         }
     }
 
-    /// Logs a lazy round without applying it to redb: its volume changes
-    /// wait in `Log::deferred` (readers see them in the overlay) for the
-    /// next transaction. Hands the changes back when they must take the
-    /// ordinary path: anything but volume records, an attach limit, more
+    /// Logs a round of volume changes without applying them to redb: they
+    /// wait in `Log::deferred` (readers see them in the overlay) for a later
+    /// transaction, which takes many at once. An attach limit is checked
+    /// here, against redb's count plus what pending changes add: nothing
+    /// commits to redb while `log` is held. Hands the changes back when
+    /// they must take the ordinary path: anything but volume records, more
     /// pending than `MAX_DEFERRED`, or a log too full for them.
     fn defer(
         &self,
@@ -1011,52 +1005,124 @@ impl Journal {
                 c,
                 Some(Change {
                     op: Op::PutVolume(_) | Op::RemoveVolume(_),
-                    limit: None
+                    ..
                 })
             )
         };
         if log.deferred.len() + n > MAX_DEFERRED || !changes.iter().all(deferrable) {
             return Err(changes);
         }
-        let mut encoded = Vec::with_capacity(n);
+        let Ok(planned) = self.plan(&changes) else {
+            // The ordinary path reports it.
+            return Err(changes);
+        };
         let mut payload = vec![b'['];
-        for change in &changes {
-            let Some(change) = change else {
-                return Err(changes);
-            };
-            let Ok(e) = encode_op(&change.op) else {
-                // The ordinary path reports it.
-                return Err(changes);
-            };
+        for e in planned.iter().flatten() {
             if payload.len() > 1 {
                 payload.push(b',');
             }
-            payload.extend_from_slice(&e.logged);
-            encoded.push(e.record);
+            payload.extend_from_slice(&e.0.logged);
         }
         payload.push(b']');
-        if !log.wal.fits(payload.len()) {
+        let logged = planned.iter().any(Result::is_ok);
+        if logged && !log.wal.fits(payload.len()) {
             return Err(changes);
         }
-        if let Err(e) = log.wal.append(&payload) {
-            return Ok(log.fail(n, &e));
+        if logged {
+            if let Err(e) = log.wal.append(&payload) {
+                return Ok(log.fail(n, &e));
+            }
         }
-        for (change, record) in changes.into_iter().flatten().zip(encoded) {
-            match change.op.pending_volume() {
-                Some((_, Some(vol))) => self.overlay.put(vol),
-                Some((id, None)) => self.overlay.remove(id),
-                None => {}
+        let mut results = Vec::with_capacity(n);
+        for (change, plan) in changes.into_iter().flatten().zip(planned) {
+            let (encoded, delta) = match plan {
+                Ok(plan) => plan,
+                Err(refused) => {
+                    results.push(Err(refused));
+                    continue;
+                }
+            };
+            if let Some((id, vol)) = change.op.pending_volume() {
+                self.overlay.add(id, vol, &delta);
             }
             log.deferred.push(Deferred {
                 op: change.op,
-                record,
+                record: encoded.record,
+                delta,
             });
+            results.push(Ok(()));
         }
-        Ok((0..n).map(|_| Ok(())).collect())
+        Ok(results)
     }
 
-    /// Applies what lazy rounds left pending to redb, without a sync (the
-    /// log already holds it).
+    /// For each change of a round (all volume changes), in order: its
+    /// encoding and what it adds to the counters, or its refusal by an
+    /// attach limit. `Err` when any cannot be encoded or read against.
+    fn plan(&self, changes: &[Option<Change>]) -> StoreResult<Vec<Planned>> {
+        // Records and counts as the round's earlier changes leave them.
+        let mut round: std::collections::HashMap<&str, Option<&Volume>> = Default::default();
+        let mut round_counts = Counts::default();
+        let mut redb: Option<redb::ReadTransaction> = None;
+        let mut planned = Vec::with_capacity(changes.len());
+        for change in changes.iter().flatten() {
+            let Some((id, new)) = change.op.pending_volume() else {
+                return Err(StoreError::Worker("not a volume change".into()));
+            };
+            let old: Option<Volume> = match round.get(id) {
+                Some(v) => v.cloned(),
+                None => match self.overlay.volume(id) {
+                    Some(v) => v,
+                    None => {
+                        let txn = match &redb {
+                            Some(t) => t,
+                            None => redb.insert(self.db.begin_read()?),
+                        };
+                        let raw = txn.open_table(VOLUMES)?.get(id)?;
+                        // An undecodable record is quarantined when the
+                        // change is applied, and counts as none then.
+                        raw.and_then(|raw| decode::<Volume>("volumes", id, raw.value()).ok())
+                    }
+                },
+            };
+            if let Some((node, max)) = &change.limit {
+                let on = |v: Option<&Volume>| {
+                    v.and_then(|v| v.nodes.get(node))
+                        .is_some_and(|n| n.attachment.is_some())
+                };
+                if on(new) && !on(old.as_ref()) {
+                    let txn = match &redb {
+                        Some(t) => t,
+                        None => redb.insert(self.db.begin_read()?),
+                    };
+                    let key = format!("{ATTACHED_PREFIX}{node}");
+                    let held = txn
+                        .open_table(COUNTERS)?
+                        .get(key.as_str())?
+                        .map_or(0, |v| v.value());
+                    let pending = self.overlay.with_counts(|c| c.attached_on(node))
+                        + round_counts.attached_on(node);
+                    let attached =
+                        u64::try_from(i128::from(held) + i128::from(pending)).unwrap_or_default();
+                    if attached >= *max {
+                        planned.push(Err(StoreError::AttachLimit {
+                            node: node.clone(),
+                            attached,
+                            max: *max,
+                        }));
+                        continue;
+                    }
+                }
+            }
+            let delta = Delta::between(old.as_ref(), new);
+            round_counts.add(&delta);
+            round.insert(id, new);
+            planned.push(Ok((encode_op(&change.op)?, delta)));
+        }
+        Ok(planned)
+    }
+
+    /// Applies what is pending to redb, without a sync (the log already
+    /// holds it).
     fn settle_in(&self, log: &mut Log) -> StoreResult<()> {
         if log.deferred.is_empty() {
             return Ok(());
@@ -1079,28 +1145,36 @@ impl Journal {
         log: &mut Log,
         pending: usize,
     ) -> StoreResult<()> {
-        log.rounds_since_checkpoint += 1;
-        txn.set_durability(redb::Durability::None)
-            .map_err(|e| StoreError::Worker(e.to_string()))?;
-        txn.commit()?;
-        self.applied(log, pending);
-        Ok(())
+        self.commit_applied(log, pending, |log| {
+            log.rounds_since_checkpoint += 1;
+            txn.set_durability(redb::Durability::None)
+                .map_err(|e| StoreError::Worker(e.to_string()))?;
+            Ok(txn.commit()?)
+        })
     }
 
-    /// Forgets the first `count` pending changes once redb has committed
-    /// them; later ones (logged during the round's sync) stay pending.
-    fn applied(&self, log: &mut Log, count: usize) {
-        let count = count.min(log.deferred.len());
-        if count == 0 {
-            return;
+    /// Commits a transaction that applied the first `count` pending changes
+    /// (`commit`), and forgets them once it succeeded; later ones (logged
+    /// during the round's sync) stay pending.
+    fn commit_applied<T>(
+        &self,
+        log: &mut Log,
+        count: usize,
+        commit: impl FnOnce(&mut Log) -> StoreResult<T>,
+    ) -> StoreResult<T> {
+        let mut deferred = std::mem::take(&mut log.deferred);
+        let count = count.min(deferred.len());
+        let (done, rest) = deferred.split_at(count);
+        let committed = self.overlay.retire(
+            || commit(log),
+            done.iter().map(|d| &d.delta),
+            rest.iter().filter_map(|d| d.op.pending_volume()),
+        );
+        if committed.is_ok() {
+            deferred.drain(..count);
         }
-        log.deferred.drain(..count);
-        if log.deferred.is_empty() {
-            self.overlay.clear();
-        } else {
-            self.overlay
-                .keep_only(log.deferred.iter().filter_map(|d| d.op.pending_volume()));
-        }
+        log.deferred = deferred;
+        committed
     }
 
     /// A durable redb commit that covers every log record so far.
@@ -1116,19 +1190,34 @@ impl Journal {
             return Err(StoreError::Worker(failed));
         }
         let pending = log.deferred.len();
-        checkpoint_in(txn, &mut log)?;
-        self.applied(&mut log, pending);
-        Ok(())
+        self.commit_applied(&mut log, pending, |log| checkpoint_in(txn, log))
     }
 }
 
-/// Applies the pending lazy changes in `txn`, in log order. When they
-/// cannot be, the store stops (`Log::fail_applying`) and this says why.
+/// Applies the pending changes in `txn`: of each volume, every removal and
+/// the last change. What they leave (record, indexes, counters) is what
+/// all of them in log order leave, since each write compares with what
+/// redb holds and a removal clears it; and a volume's lifecycle writes its
+/// record a dozen times before a transaction comes.
+/// When they cannot be applied, the store stops (`Log::fail_applying`) and
+/// this says why.
 fn apply_pending(txn: &redb::WriteTransaction, log: &mut Log) -> Result<(), String> {
-    log.deferred
-        .iter()
-        .try_for_each(|d| apply_encoded(txn, &d.op, d.record.as_deref(), None))
-        .map_err(|e| log.fail_applying(&e))
+    let applied = {
+        let mut last = std::collections::HashMap::with_capacity(log.deferred.len());
+        for (i, d) in log.deferred.iter().enumerate() {
+            last.insert(d.op.pending_volume().map(|(id, _)| id), i);
+        }
+        log.deferred
+            .iter()
+            .enumerate()
+            .filter(|(i, d)| {
+                let id = d.op.pending_volume().map(|(id, _)| id);
+                // Only volume changes wait here; anything else is applied.
+                id.is_none() || matches!(d.op, Op::RemoveVolume(_)) || last.get(&id) == Some(i)
+            })
+            .try_for_each(|(_, d)| apply_encoded(txn, &d.op, d.record.as_deref(), None))
+    };
+    applied.map_err(|e| log.fail_applying(&e))
 }
 
 /// Commits `txn` durably, naming the last log record it includes, then
@@ -1173,6 +1262,10 @@ impl Log {
         all_failed(n, &msg)
     }
 }
+
+/// A volume change of a round: its encoding and what it adds to the
+/// counters, or its refusal.
+type Planned = StoreResult<(Encoded, Delta)>;
 
 /// An op as the log holds it, and a volume record's encoding for its table.
 struct Encoded {
@@ -1449,28 +1542,9 @@ fn reindex_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capability::{AccessMode, AccessType, Capability};
-    use crate::volume::{Attachment, Lifecycle, NodeRecord};
-    use std::collections::BTreeMap;
+    use crate::volume::Lifecycle;
 
-    use crate::volume::sample as vol;
-
-    fn attach(v: &mut Volume, node: &str) {
-        v.nodes.insert(
-            node.into(),
-            NodeRecord {
-                attachment: Some(Attachment {
-                    readonly: false,
-                    capability: Capability {
-                        mode: AccessMode::SingleNodeWriter,
-                        access: AccessType::Block,
-                    },
-                    publish_context: BTreeMap::new(),
-                }),
-                ..Default::default()
-            },
-        );
-    }
+    use crate::volume::{attach, sample as vol};
 
     #[test]
     fn records_indexes_and_counters_survive_reopen() {
@@ -1592,13 +1666,19 @@ mod tests {
         assert!(store.volumes_on_node("n1").unwrap().is_empty());
         assert!(in_redb(&store, "a").is_none());
 
-        // The next transaction applies what is pending first, in log order.
+        // A durable change waits too (its log record synced): the next
+        // transaction applies every pending change, in log order.
         store.put_volume_lazily(&vol("b", "name-b")).unwrap();
         let mut b2 = vol("b", "name-b");
         b2.capacity_bytes = 300;
         store.put_volume_lazily(&b2).unwrap();
         store.put_volume(&vol("c", "name-c")).unwrap();
+        assert!(!store.journal.lock().unsynced(), "a durable change syncs");
+        assert!(in_redb(&store, "b").is_none() && in_redb(&store, "c").is_none());
+        assert_eq!(store.allocated_bytes().unwrap(), 400);
+        store.remove_group("no-such-group").unwrap();
         assert_eq!(in_redb(&store, "b"), Some(b2.clone()));
+        assert!(in_redb(&store, "c").is_some());
         // A durable change of a record with a pending one wins.
         store.put_volume_lazily(&vol("c", "name-c")).unwrap();
         let mut c2 = vol("c", "name-c");
@@ -1643,9 +1723,11 @@ mod tests {
             // for the round, which waits here: they time out.
             let _ = tx.send(wait.recv_timeout(std::time::Duration::from_secs(5)));
         }));
+        // A change of another kind takes a round of its own, with a redb
+        // transaction that applies what is pending first.
         let writer = {
             let s = store.clone();
-            std::thread::spawn(move || s.put_volume(&vol("c", "name-c")))
+            std::thread::spawn(move || s.remove_group("no-such-group"))
         };
         let lazy = rx.recv_timeout(std::time::Duration::from_secs(20));
         assert!(
@@ -1662,12 +1744,13 @@ mod tests {
             store.journal.lock().unsynced(),
             "written after the sync began"
         );
+        assert_eq!(store.allocated_bytes().unwrap(), 105);
         let crashed = crash_copy(dir.path());
         let after = Store::open(crashed.path()).unwrap();
         assert_eq!(after.volume("a").unwrap(), Some(a2.clone()));
-        assert!(after.volume("b").unwrap().is_some() && after.volume("c").unwrap().is_some());
-        assert_eq!(store.allocated_bytes().unwrap(), 205);
-        assert_eq!(store.list_volumes(None, 10).unwrap().items.len(), 3);
+        assert!(after.volume("b").unwrap().is_some());
+        assert_eq!(after.allocated_bytes().unwrap(), 105);
+        assert_eq!(store.list_volumes(None, 10).unwrap().items.len(), 2);
         assert_eq!(in_redb(&store, "a"), Some(a2));
     }
 
@@ -1689,13 +1772,53 @@ mod tests {
     }
 
     #[test]
+    fn a_change_over_the_attach_limit_is_refused_before_it_is_logged() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let mut a = vol("a", "name-a");
+        attach(&mut a, "n1");
+        store.put_volume(&a).unwrap();
+        let mut c = vol("c", "name-c");
+        attach(&mut c, "n1");
+        // The count is redb's (nothing yet) plus the pending attachment.
+        assert!(in_redb(&store, "a").is_none());
+        let refused = store.put_volume_limited(&c, Some(("n1", 1)));
+        assert!(
+            matches!(refused, Err(StoreError::AttachLimit { attached: 1, .. })),
+            "{refused:?}"
+        );
+        assert!(store.volume("c").unwrap().is_none());
+        let lsn = store.journal.lock().wal.next_lsn();
+        assert!(store.put_volume_limited(&c, Some(("n1", 1))).is_err());
+        assert_eq!(store.journal.lock().wal.next_lsn(), lsn, "nothing logged");
+        // Re-publishing what is attached already is within the limit.
+        store.put_volume_limited(&a, Some(("n1", 1))).unwrap();
+        store.put_volume_limited(&c, Some(("n1", 2))).unwrap();
+        assert_eq!(store.attached_count("n1").unwrap(), 2);
+        let crashed = crash_copy(dir.path());
+        assert_eq!(
+            Store::open(crashed.path())
+                .unwrap()
+                .attached_count("n1")
+                .unwrap(),
+            2
+        );
+    }
+
+    #[test]
     fn a_round_whose_every_change_is_refused_still_applies_what_was_pending() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let mut a = vol("a", "name-a");
         attach(&mut a, "n1");
         store.put_volume(&a).unwrap();
-        store.put_volume_lazily(&vol("b", "name-b")).unwrap();
+        // As many pending as there may be: the next change takes a round.
+        while store.journal.lock().deferred.len() < MAX_DEFERRED {
+            let i = store.journal.lock().deferred.len();
+            store
+                .put_volume_lazily(&vol(&format!("b{i}"), &format!("name-b{i}")))
+                .unwrap();
+        }
         let mut c = vol("c", "name-c");
         attach(&mut c, "n1");
         let refused = store.put_volume_limited(&c, Some(("n1", 1)));
@@ -1704,11 +1827,109 @@ mod tests {
             "{refused:?}"
         );
         assert!(
-            in_redb(&store, "b").is_some(),
-            "the pending change was committed"
+            in_redb(&store, "b1").is_some(),
+            "the pending changes were committed"
         );
+        assert!(store.journal.lock().deferred.is_empty());
         assert!(in_redb(&store, "c").is_none());
-        assert!(store.volume("b").unwrap().is_some());
+        assert!(store.volume("b1").unwrap().is_some());
+        assert_eq!(store.attached_count("n1").unwrap(), 1);
+    }
+
+    /// A volume change as the property test below makes it.
+    #[derive(Debug, Clone)]
+    enum Change {
+        Put {
+            id: u8,
+            size: u64,
+            on: [bool; 2],
+            ready: bool,
+        },
+        Remove(u8),
+    }
+
+    fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..4u8, 0..4u64, any::<[bool; 2]>(), any::<bool>())
+                .prop_map(|(id, size, on, ready)| Change::Put { id, size, on, ready }),
+            1 => (0..4u8).prop_map(Change::Remove),
+        ]
+    }
+
+    /// Everything a reader can ask of the volumes, for comparing stores.
+    fn view(store: &Store) -> Vec<String> {
+        // Reads that settle pending changes come last.
+        let mut out = vec![format!("allocated {}", store.allocated_bytes().unwrap())];
+        for node in ["n0", "n1"] {
+            out.push(format!("{node} {}", store.attached_count(node).unwrap()));
+        }
+        for id in 0..4u8 {
+            out.push(format!("{:?}", store.volume(&format!("v{id}")).unwrap()));
+            let named = store.volume_by_name(&format!("name-{id}")).unwrap();
+            out.push(format!("{:?}", named.map(|v| v.id)));
+        }
+        for node in ["n0", "n1"] {
+            let on: Vec<String> = store
+                .volumes_on_node(node)
+                .unwrap()
+                .into_iter()
+                .map(|v| v.id)
+                .collect();
+            out.push(format!("{node} {on:?}"));
+        }
+        let unfinished: Vec<String> = store
+            .unfinished_volumes()
+            .unwrap()
+            .into_iter()
+            .map(|v| v.id)
+            .collect();
+        out.push(format!("unfinished {unfinished:?}"));
+        out
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(48))]
+        /// Applying only the last pending change of each volume (and its
+        /// removals) leaves redb as applying every change in log order does
+        /// (replay after a crash): records, names, counters, node index.
+        #[test]
+        fn pending_changes_applied_together_leave_what_each_in_turn_leaves(
+            changes in proptest::collection::vec(change(), 1..60),
+            durable in proptest::collection::vec(proptest::prelude::any::<bool>(), 60),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Store::open(dir.path()).unwrap();
+            for (c, durable) in changes.iter().zip(durable) {
+                match c {
+                    Change::Put { id, size, on, ready } => {
+                        let mut v = vol(&format!("v{id}"), &format!("name-{id}"));
+                        v.capacity_bytes = size * 100;
+                        if !ready {
+                            v.lifecycle = Lifecycle::Provisioning;
+                        }
+                        for (n, on) in on.iter().enumerate() {
+                            if *on {
+                                attach(&mut v, &format!("n{n}"));
+                            }
+                        }
+                        if durable { store.put_volume(&v) } else { store.put_volume_lazily(&v) }.unwrap();
+                    }
+                    Change::Remove(id) => {
+                        let id = format!("v{id}");
+                        if durable { store.remove_volume(&id) } else { store.remove_volume_lazily(&id) }.unwrap();
+                    }
+                }
+            }
+            let pending = view(&store);
+            let crashed = crash_copy(dir.path());
+            store.checkpoint().unwrap();
+            proptest::prop_assert!(store.journal.overlay.is_empty());
+            let applied = view(&store);
+            let replayed = view(&Store::open(crashed.path()).unwrap());
+            proptest::prop_assert_eq!(&applied, &replayed);
+            proptest::prop_assert_eq!(&pending, &replayed);
+        }
     }
 
     #[test]
@@ -1779,6 +2000,8 @@ mod tests {
         attach(&mut bad, "n1");
         store.put_volume(&bad).unwrap();
         store.put_volume(&vol("good", "name-good")).unwrap();
+        // In redb, not pending, before the disk damages one.
+        store.checkpoint().unwrap();
         corrupt(&store, "bad");
         // Start-up (the node's reconciliation) reads the node's volumes.
         assert!(store.volumes_on_node("n1").unwrap().is_empty());

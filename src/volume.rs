@@ -233,3 +233,23 @@ pub fn sample(id: &str, name: &str) -> Volume {
         nodes: BTreeMap::new(),
     }
 }
+
+/// Marks `v` attached (ControllerPublished) to `node`, for tests.
+#[cfg(test)]
+pub fn attach(v: &mut Volume, node: &str) {
+    use crate::capability::{AccessMode, AccessType};
+    v.nodes.insert(
+        node.into(),
+        NodeRecord {
+            attachment: Some(Attachment {
+                readonly: false,
+                capability: Capability {
+                    mode: AccessMode::SingleNodeWriter,
+                    access: AccessType::Block,
+                },
+                publish_context: BTreeMap::new(),
+            }),
+            ..Default::default()
+        },
+    );
+}
