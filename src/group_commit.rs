@@ -29,6 +29,8 @@ struct Slot {
 
 enum SlotState {
     Waiting,
+    /// Waiting, and sleeping on the condition variable.
+    Asleep,
     Lead,
     Done(StoreResult<()>),
 }
@@ -38,9 +40,14 @@ impl Slot {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Wakes the writer only if it sleeps: std's condition variable makes a
+    /// futex call on every notify, waiter or not, and most slots are told
+    /// by their own writer, which led the round (a lone writer always).
     fn tell(&self, news: SlotState) {
-        *self.lock() = news;
-        self.wake.notify_one();
+        let was = std::mem::replace(&mut *self.lock(), news);
+        if matches!(was, SlotState::Asleep) {
+            self.wake.notify_one();
+        }
     }
 
     /// Blocks until told: the writer's result, or `Lead`.
@@ -48,7 +55,10 @@ impl Slot {
         let mut st = self.lock();
         loop {
             match std::mem::replace(&mut *st, SlotState::Waiting) {
-                SlotState::Waiting => st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
+                SlotState::Waiting | SlotState::Asleep => {
+                    *st = SlotState::Asleep;
+                    st = self.wake.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
                 SlotState::Lead => return Err(Lead),
                 SlotState::Done(result) => return Ok(result),
             }

@@ -27,11 +27,35 @@ pub fn resolve(path: &Path) -> io::Result<PathBuf> {
             _ => break,
         }
     }
-    let mut resolved = std::fs::canonicalize(&existing)?;
+    let mut resolved = canonical(&existing)?;
     for name in rest.into_iter().rev() {
         resolved.push(name);
     }
     Ok(resolved)
+}
+
+/// The path the kernel resolved `existing` to: three syscalls, where
+/// `canonicalize` makes one per component (a kubelet target path has nine).
+/// Falls back to `canonicalize` where /proc is not mounted or the answer is
+/// not a reachable absolute path.
+fn canonical(existing: &Path) -> io::Result<PathBuf> {
+    use nix::fcntl::{open, readlink, OFlag};
+    use std::os::fd::AsRawFd;
+    let by_kernel = open(
+        existing,
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .and_then(|fd| readlink(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str()));
+    match by_kernel {
+        Ok(p)
+            if p.as_encoded_bytes().starts_with(b"/")
+                && !p.as_encoded_bytes().ends_with(b" (deleted)") =>
+        {
+            Ok(PathBuf::from(p))
+        }
+        _ => std::fs::canonicalize(existing),
+    }
 }
 
 /// Resolves `path` as far as it exists (symlinks included) and checks it.
@@ -85,6 +109,16 @@ mod tests {
         let link = tmp.path().join("link");
         std::os::unix::fs::symlink("/etc", &link).unwrap();
         assert!(check(&link.join("target")).is_err());
+        // The kernel's answer and canonicalize's agree, links included.
+        std::fs::create_dir(tmp.path().join("real")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("real"), tmp.path().join("to-real")).unwrap();
+        for p in [
+            tmp.path().join("to-real"),
+            tmp.path().join("real/../to-real/."),
+        ] {
+            assert_eq!(canonical(&p).unwrap(), std::fs::canonicalize(&p).unwrap());
+        }
+        assert!(canonical(&tmp.path().join("none")).is_err());
         let ok = tmp.path().join("not/yet/there");
         assert_eq!(
             check(&ok).unwrap(),
