@@ -187,6 +187,10 @@ struct Log {
     deferred: Vec<Deferred>,
     /// The last log record known to be durable.
     synced_upto: u64,
+    /// Makes the next application of pending changes fail, as a redb
+    /// error would.
+    #[cfg(test)]
+    refuse_apply: bool,
 }
 
 fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> StoreResult<T> {
@@ -270,6 +274,8 @@ impl Store {
                 rounds_since_checkpoint: 0,
                 failed: None,
                 deferred: Vec::new(),
+                #[cfg(test)]
+                refuse_apply: false,
             }),
             syncer,
             #[cfg(test)]
@@ -1202,6 +1208,10 @@ impl Journal {
 /// When they cannot be applied, the store stops (`Log::fail_applying`) and
 /// this says why.
 fn apply_pending(txn: &redb::WriteTransaction, log: &mut Log) -> Result<(), String> {
+    #[cfg(test)]
+    if log.refuse_apply && !log.deferred.is_empty() {
+        return Err(log.fail_applying(&StoreError::Worker("injected".into())));
+    }
     let applied = {
         let mut last = std::collections::HashMap::with_capacity(log.deferred.len());
         for (i, d) in log.deferred.iter().enumerate() {
@@ -1981,6 +1991,30 @@ mod tests {
         store.healthy().unwrap();
         assert!(store.volume("a").unwrap().is_some());
         store.put_volume(&vol("b", "name-b")).unwrap();
+    }
+
+    #[test]
+    fn pending_changes_that_cannot_be_applied_stop_the_store_and_a_restart_keeps_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.journal.lock().refuse_apply = true;
+        // Told to the CO as done: one synced, one only logged.
+        store.put_volume(&vol("a", "name-a")).unwrap();
+        store.put_volume_lazily(&vol("b", "name-b")).unwrap();
+        // An index read applies them first (unless the flusher tried).
+        let e = store.list_volumes(None, 10).unwrap_err();
+        assert!(e.to_string().contains("restarted"), "{e}");
+        assert!(store.healthy().is_err());
+        let refused = store.put_volume(&vol("c", "name-c")).unwrap_err();
+        assert!(refused.to_string().contains("restarted"), "{refused}");
+        assert!(in_redb(&store, "a").is_none());
+        // A restart replays the log into redb: nothing the CO was told is lost.
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        store.healthy().unwrap();
+        assert!(in_redb(&store, "a").is_some() && in_redb(&store, "b").is_some());
+        assert_eq!(store.allocated_bytes().unwrap(), 200);
+        assert!(store.volume("c").unwrap().is_none());
     }
 
     fn corrupt(store: &Store, id: &str) {
