@@ -25,21 +25,17 @@ impl Delta {
     /// From `old` (what a reader finds before the change) to `new`.
     pub fn between(old: Option<&Volume>, new: Option<&Volume>) -> Delta {
         let bytes = |v: Option<&Volume>| i128::from(v.map_or(0, |v| v.capacity_bytes));
-        let mut attached = Vec::new();
-        for v in [old, new].into_iter().flatten() {
-            for node in v.nodes.keys() {
-                let on = |v: Option<&Volume>| {
-                    i64::from(
-                        v.and_then(|v| v.nodes.get(node))
-                            .is_some_and(|n| n.attachment.is_some()),
-                    )
-                };
-                let d = on(new) - on(old);
-                if d != 0 && !attached.iter().any(|(n, _)| n == node) {
-                    attached.push((node.clone(), d));
-                }
-            }
-        }
+        let on = |v: Option<&Volume>, node: &str| i64::from(v.is_some_and(|v| v.attached_to(node)));
+        let nodes: std::collections::BTreeSet<&String> = [old, new]
+            .into_iter()
+            .flatten()
+            .flat_map(|v| v.nodes.keys())
+            .collect();
+        let attached = nodes
+            .into_iter()
+            .map(|node| (node.clone(), on(new, node) - on(old, node)))
+            .filter(|(_, d)| *d != 0)
+            .collect();
         Delta {
             allocated: bytes(new) - bytes(old),
             attached,
@@ -161,12 +157,7 @@ impl Overlay {
 mod tests {
     use super::*;
 
-    use crate::volume::{attach, sample as vol};
-
-    fn attached(mut v: Volume, node: &str) -> Volume {
-        attach(&mut v, node);
-        v
-    }
+    use crate::volume::{sample as vol, with_attachment};
 
     #[test]
     fn the_latest_change_wins_and_a_removal_hides_the_record() {
@@ -187,8 +178,8 @@ mod tests {
     #[test]
     fn counts_follow_each_change_and_forget_it_once_applied() {
         let o = Overlay::default();
-        let a = attached(vol("a", "pvc-a"), "n1");
-        let mut a2 = attached(a.clone(), "n2");
+        let a = with_attachment(vol("a", "pvc-a"), "n1");
+        let mut a2 = with_attachment(a.clone(), "n2");
         a2.nodes.remove("n1");
         a2.capacity_bytes = 300;
         let first = Delta::between(None, Some(&a));

@@ -560,25 +560,10 @@ impl Store {
 
     /// Volumes with ControllerPublish recorded on `node`.
     pub fn attached_count(&self, node: &str) -> StoreResult<u64> {
-        self.counter_with_pending(&format!("{ATTACHED_PREFIX}{node}"), |c| {
-            i128::from(c.attached_on(node))
-        })
-    }
-
-    /// A counter of volume records as the pending changes leave it, without
-    /// a transaction to apply them (CreateVolume and ControllerPublish read
-    /// one each): redb's value plus what `pending` says they add to it.
-    fn counter_with_pending(
-        &self,
-        key: &str,
-        pending: impl FnOnce(&Counts) -> i128,
-    ) -> StoreResult<u64> {
-        self.journal.overlay.with_counts(|counts| {
-            let txn = self.db.begin_read()?;
-            let held = txn.open_table(COUNTERS)?.get(key)?.map_or(0, |v| v.value());
-            let value = i128::from(held) + pending(counts);
-            Ok(u64::try_from(value.max(0)).unwrap_or(u64::MAX))
-        })
+        self.journal
+            .counter(&format!("{ATTACHED_PREFIX}{node}"), |c| {
+                i128::from(c.attached_on(node))
+            })
     }
 
     /// Every volume that has any state on `node` (for the node's restart
@@ -604,7 +589,7 @@ impl Store {
     /// Bytes of every volume and snapshot (pending changes are of volumes
     /// only).
     pub fn allocated_bytes(&self) -> StoreResult<u64> {
-        self.counter_with_pending(ALLOCATED, |c| c.allocated)
+        self.journal.counter(ALLOCATED, |c| c.allocated)
     }
 
     // ---- snapshots ----
@@ -832,10 +817,16 @@ impl Journal {
     }
 
     /// Syncs the log up to its last record with `log` let go meanwhile
-    /// (lazy writes append behind the records being synced), and takes it
-    /// again. The caller holds `writer`: no checkpoint restarts the log
-    /// under the sync.
-    fn sync<'a>(&'a self, log: MutexGuard<'a, Log>) -> (MutexGuard<'a, Log>, std::io::Result<()>) {
+    /// (lazy writes append behind the records being synced), counts it as
+    /// `cause`, and takes `log` again; when the sync fails, the store stops
+    /// and this gives the failed results of a round of `n`. The caller
+    /// holds `writer`: no checkpoint restarts the log under the sync.
+    fn sync<'a>(
+        &'a self,
+        log: MutexGuard<'a, Log>,
+        n: usize,
+        cause: &'static str,
+    ) -> Result<MutexGuard<'a, Log>, Vec<StoreResult<()>>> {
         let upto = log.wal.next_lsn() - 1;
         drop(log);
         #[cfg(test)]
@@ -844,10 +835,26 @@ impl Journal {
         }
         let synced = self.syncer.sync_data();
         let mut log = self.lock();
-        if synced.is_ok() {
-            log.synced_upto = log.synced_upto.max(upto);
+        if let Err(e) = synced {
+            return Err(log.fail(n, &e));
         }
-        (log, synced)
+        log.synced_upto = log.synced_upto.max(upto);
+        crate::observe::store_sync(cause);
+        Ok(log)
+    }
+
+    /// A counter of volume records as the pending changes leave it, without
+    /// a transaction to apply them (CreateVolume, ControllerPublish and the
+    /// attach limit read one each): redb's value of `key` plus what
+    /// `pending` says they add to it. No commit of pending changes comes in
+    /// between (see `Overlay::with_counts`).
+    fn counter(&self, key: &str, pending: impl FnOnce(&Counts) -> i128) -> StoreResult<u64> {
+        self.overlay.with_counts(|counts| {
+            let txn = self.db.begin_read()?;
+            let held = txn.open_table(COUNTERS)?.get(key)?.map_or(0, |v| v.value());
+            let value = i128::from(held) + pending(counts);
+            Ok(u64::try_from(value.max(0)).unwrap_or(u64::MAX))
+        })
     }
 
     fn run(&self, changes: Vec<Option<Change>>, durable: bool) -> Vec<StoreResult<()>> {
@@ -861,12 +868,10 @@ impl Journal {
             // Only a sync of what lazy writes left unsynced (the flusher),
             // which may as well apply what is pending.
             if durable && log.unsynced() {
-                let synced;
-                (log, synced) = self.sync(log);
-                if let Err(e) = synced {
-                    return log.fail(n, &e);
-                }
-                crate::observe::store_sync("flush");
+                log = match self.sync(log, n, "flush") {
+                    Ok(log) => log,
+                    Err(failed) => return failed,
+                };
             }
             if let Err(e) = self.settle_in(&mut log) {
                 return all_failed(n, &e.to_string());
@@ -876,12 +881,9 @@ impl Journal {
         let changes = match self.defer(&mut log, changes) {
             Ok(results) => {
                 if durable && log.failed.is_none() && log.unsynced() {
-                    let synced;
-                    (log, synced) = self.sync(log);
-                    if let Err(e) = synced {
-                        return log.fail(n, &e);
+                    if let Err(failed) = self.sync(log, n, "commit") {
+                        return failed;
                     }
-                    crate::observe::store_sync("commit");
                 }
                 return results;
             }
@@ -952,13 +954,13 @@ impl Journal {
             return log.fail(n, &e);
         }
         if durable {
-            let synced;
-            (log, synced) = self.sync(log);
-            if let Err(e) = synced {
-                let _ = txn.abort();
-                return log.fail(n, &e);
-            }
-            crate::observe::store_sync("commit");
+            log = match self.sync(log, n, "commit") {
+                Ok(log) => log,
+                Err(failed) => {
+                    let _ = txn.abort();
+                    return failed;
+                }
+            };
         }
         let committed = self.commit_applied(&mut log, pending, |_| {
             txn.set_durability(redb::Durability::None)
@@ -1006,15 +1008,8 @@ impl Journal {
         changes: Vec<Option<Change>>,
     ) -> Result<Vec<StoreResult<()>>, Vec<Option<Change>>> {
         let n = changes.len();
-        let deferrable = |c: &Option<Change>| {
-            matches!(
-                c,
-                Some(Change {
-                    op: Op::PutVolume(_) | Op::RemoveVolume(_),
-                    ..
-                })
-            )
-        };
+        let deferrable =
+            |c: &Option<Change>| c.as_ref().is_some_and(|c| c.op.pending_volume().is_some());
         if log.deferred.len() + n > MAX_DEFERRED || !changes.iter().all(deferrable) {
             return Err(changes);
         }
@@ -1091,24 +1086,11 @@ impl Journal {
                 },
             };
             if let Some((node, max)) = &change.limit {
-                let on = |v: Option<&Volume>| {
-                    v.and_then(|v| v.nodes.get(node))
-                        .is_some_and(|n| n.attachment.is_some())
-                };
+                let on = |v: Option<&Volume>| v.is_some_and(|v| v.attached_to(node));
                 if on(new) && !on(old.as_ref()) {
-                    let txn = match &redb {
-                        Some(t) => t,
-                        None => redb.insert(self.db.begin_read()?),
-                    };
-                    let key = format!("{ATTACHED_PREFIX}{node}");
-                    let held = txn
-                        .open_table(COUNTERS)?
-                        .get(key.as_str())?
-                        .map_or(0, |v| v.value());
-                    let pending = self.overlay.with_counts(|c| c.attached_on(node))
-                        + round_counts.attached_on(node);
-                    let attached =
-                        u64::try_from(i128::from(held) + i128::from(pending)).unwrap_or_default();
+                    let attached = self.counter(&format!("{ATTACHED_PREFIX}{node}"), |c| {
+                        i128::from(c.attached_on(node) + round_counts.attached_on(node))
+                    })?;
                     if attached >= *max {
                         planned.push(Err(StoreError::AttachLimit {
                             node: node.clone(),
@@ -1352,10 +1334,7 @@ fn write_volume(
         None => None,
     };
     if let Some((node, max)) = limit {
-        let attached_on = |v: Option<&Volume>| {
-            v.and_then(|v| v.nodes.get(&node))
-                .is_some_and(|n| n.attachment.is_some())
-        };
+        let attached_on = |v: Option<&Volume>| v.is_some_and(|v| v.attached_to(&node));
         if attached_on(Some(vol)) && !attached_on(old.as_ref()) {
             let attached = counter(txn, &format!("{ATTACHED_PREFIX}{node}"))?;
             if attached >= max {
@@ -1554,15 +1533,14 @@ mod tests {
     use super::*;
     use crate::volume::Lifecycle;
 
-    use crate::volume::{attach, sample as vol};
+    use crate::volume::{sample as vol, with_attachment};
 
     #[test]
     fn records_indexes_and_counters_survive_reopen() {
         let dir = tempfile::tempdir().unwrap();
         {
             let store = Store::open(dir.path()).unwrap();
-            let mut a = vol("a", "name-a");
-            attach(&mut a, "n1");
+            let a = with_attachment(vol("a", "name-a"), "n1");
             store.put_volume(&a).unwrap();
             store.put_volume(&vol("b", "name-b")).unwrap();
         }
@@ -1595,8 +1573,7 @@ mod tests {
     fn a_crash_loses_no_change_the_log_holds_and_checkpoints_keep_it_short() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut a = vol("a", "name-a");
-        attach(&mut a, "n1");
+        let a = with_attachment(vol("a", "name-a"), "n1");
         store.put_volume(&a).unwrap();
         store.put_volume_lazily(&vol("b", "name-b")).unwrap();
         store.put_volume(&vol("c", "name-c")).unwrap();
@@ -1643,9 +1620,8 @@ mod tests {
     fn a_lazy_change_waits_in_the_log_and_every_reader_sees_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut a = vol("a", "name-a");
+        let mut a = with_attachment(vol("a", "name-a"), "n1");
         a.lifecycle = Lifecycle::Provisioning;
-        attach(&mut a, "n1");
         store.put_volume_lazily(&a).unwrap();
         assert!(
             in_redb(&store, "a").is_none(),
@@ -1785,11 +1761,9 @@ mod tests {
     fn a_change_over_the_attach_limit_is_refused_before_it_is_logged() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut a = vol("a", "name-a");
-        attach(&mut a, "n1");
+        let a = with_attachment(vol("a", "name-a"), "n1");
         store.put_volume(&a).unwrap();
-        let mut c = vol("c", "name-c");
-        attach(&mut c, "n1");
+        let c = with_attachment(vol("c", "name-c"), "n1");
         // The count is redb's (nothing yet) plus the pending attachment.
         assert!(in_redb(&store, "a").is_none());
         let refused = store.put_volume_limited(&c, Some(("n1", 1)));
@@ -1819,8 +1793,7 @@ mod tests {
     fn a_round_whose_every_change_is_refused_still_applies_what_was_pending() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut a = vol("a", "name-a");
-        attach(&mut a, "n1");
+        let a = with_attachment(vol("a", "name-a"), "n1");
         store.put_volume(&a).unwrap();
         // As many pending as there may be: the next change takes a round.
         while store.journal.lock().deferred.len() < MAX_DEFERRED {
@@ -1829,8 +1802,7 @@ mod tests {
                 .put_volume_lazily(&vol(&format!("b{i}"), &format!("name-b{i}")))
                 .unwrap();
         }
-        let mut c = vol("c", "name-c");
-        attach(&mut c, "n1");
+        let c = with_attachment(vol("c", "name-c"), "n1");
         let refused = store.put_volume_limited(&c, Some(("n1", 1)));
         assert!(
             matches!(refused, Err(StoreError::AttachLimit { .. })),
@@ -1920,7 +1892,7 @@ mod tests {
                         }
                         for (n, on) in on.iter().enumerate() {
                             if *on {
-                                attach(&mut v, &format!("n{n}"));
+                                v = with_attachment(v, &format!("n{n}"));
                             }
                         }
                         if durable { store.put_volume(&v) } else { store.put_volume_lazily(&v) }.unwrap();
@@ -2030,8 +2002,7 @@ mod tests {
     fn an_undecodable_record_is_quarantined_and_the_rest_keeps_working() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut bad = vol("bad", "name-bad");
-        attach(&mut bad, "n1");
+        let bad = with_attachment(vol("bad", "name-bad"), "n1");
         store.put_volume(&bad).unwrap();
         store.put_volume(&vol("good", "name-good")).unwrap();
         // In redb, not pending, before the disk damages one.
@@ -2073,8 +2044,10 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut attached = 0;
                     for i in 0..20 {
-                        let mut v = vol(&format!("v{t}-{i}"), &format!("n{t}-{i}"));
-                        attach(&mut v, "busy-node");
+                        let v = with_attachment(
+                            vol(&format!("v{t}-{i}"), &format!("n{t}-{i}")),
+                            "busy-node",
+                        );
                         match store.put_volume_limited(&v, Some(("busy-node", 40))) {
                             Ok(()) => attached += 1,
                             Err(StoreError::AttachLimit { .. }) => {
@@ -2104,8 +2077,7 @@ mod tests {
     fn a_volume_encoded_once_is_logged_exactly_as_serde_writes_the_op() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
-        let mut v = vol("a", "name-a");
-        attach(&mut v, "node-1");
+        let v = with_attachment(vol("a", "name-a"), "node-1");
         let op = Op::PutVolume(Box::new(v));
         let txn = store.db.begin_write().unwrap();
         let logged = apply_and_encode(&txn, &op, None).unwrap();

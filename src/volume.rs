@@ -159,6 +159,11 @@ impl Volume {
         self.nodes.get(node_id)
     }
 
+    /// Whether ControllerPublish is recorded on `node`.
+    pub fn attached_to(&self, node: &str) -> bool {
+        self.nodes.get(node).is_some_and(|n| n.attachment.is_some())
+    }
+
     pub fn attached_nodes(&self) -> impl Iterator<Item = &str> {
         self.nodes
             .iter()
@@ -234,9 +239,9 @@ pub fn sample(id: &str, name: &str) -> Volume {
     }
 }
 
-/// Marks `v` attached (ControllerPublished) to `node`, for tests.
+/// `v` attached (ControllerPublished) to `node`, for tests.
 #[cfg(test)]
-pub fn attach(v: &mut Volume, node: &str) {
+pub fn with_attachment(mut v: Volume, node: &str) -> Volume {
     use crate::capability::{AccessMode, AccessType};
     v.nodes.insert(
         node.into(),
@@ -252,4 +257,5 @@ pub fn attach(v: &mut Volume, node: &str) {
             ..Default::default()
         },
     );
+    v
 }
