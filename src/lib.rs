@@ -4,6 +4,7 @@
 
 pub mod authority_filter;
 pub mod backend;
+pub mod backoff;
 pub mod capability;
 pub mod config;
 pub mod controller;

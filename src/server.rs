@@ -48,6 +48,10 @@ pub enum StartError {
 
 /// Calls of the local backend on blocking threads at once.
 const LOCAL_CALLS_IN_FLIGHT: usize = 32;
+/// First wait before a failed node reconciliation runs again; doubled per
+/// failure up to the ceiling.
+const RECONCILE_RETRY_BASE: std::time::Duration = std::time::Duration::from_secs(1);
+const RECONCILE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StartError + 'a {
     move |source| StartError::Io {
@@ -347,19 +351,22 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         let d = driver.clone();
         tokio::spawn(async move {
             // Mounts and mount-table reads: off the async thread, which
-            // answers Probe meanwhile.
-            let work = d.clone();
-            let reconciled = crate::offload::call("node reconciliation", async move {
-                crate::node::reconcile::reconcile(&work).await
-            });
-            match reconciled.await {
-                Ok(_) => d
-                    .node_ready
-                    .store(true, std::sync::atomic::Ordering::Release),
-                Err(e) => {
-                    tracing::error!(error = %e, "node reconciliation failed; Probe stays not ready")
-                }
-            }
+            // answers Probe meanwhile. A failed run (the store refusing,
+            // say) is retried: the node serves once reconciled, not before.
+            crate::backoff::until_ok(
+                "node reconciliation",
+                RECONCILE_RETRY_BASE,
+                RECONCILE_RETRY_MAX,
+                || {
+                    let work = d.clone();
+                    crate::offload::call("node reconciliation", async move {
+                        crate::node::reconcile::reconcile(&work).await
+                    })
+                },
+            )
+            .await;
+            d.node_ready
+                .store(true, std::sync::atomic::Ordering::Release);
         });
     }
     // Start-up is over: its code pages need not stay mapped.

@@ -42,7 +42,20 @@ pub async fn reconcile(d: &Driver) -> CsiResult<Report> {
     let mut report = Report::default();
     let mut in_use: HashSet<PathBuf> = HashSet::new();
     for vol in volumes {
-        let vol = reconcile_volume(d, vol, &node_id, &mut report).await?;
+        let id = vol.id.clone();
+        let vol = match reconcile_volume(d, vol, &node_id, &mut report).await {
+            Ok(vol) => vol,
+            // The store failing fails every volume: the whole run is
+            // retried later.
+            Err(e @ CsiError::Store(_)) => return Err(e),
+            // One volume that cannot be reconciled must not keep the node
+            // from serving the others; its own calls report what is wrong.
+            Err(e) => {
+                tracing::error!(volume_id = %id, error = %e, "volume left as recorded");
+                report.failed += 1;
+                continue;
+            }
+        };
         if vol.node(&node_id).and_then(|n| n.stage.as_ref()).is_some() {
             if let Ok(p) = d.backend_path(&vol) {
                 in_use.insert(std::fs::canonicalize(&p).unwrap_or(p));

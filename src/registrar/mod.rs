@@ -185,10 +185,7 @@ impl ReconcileError {
 /// The delay before retry number `failures` (1 = the first): 1 s doubling
 /// to 5 min.
 pub fn backoff(failures: u32) -> Duration {
-    let exponent = failures.saturating_sub(1).min(16);
-    BACKOFF_BASE
-        .saturating_mul(1u32 << exponent)
-        .min(BACKOFF_MAX)
+    crate::backoff::doubling(failures, BACKOFF_BASE, BACKOFF_MAX)
 }
 
 /// What every reconcile shares.
