@@ -88,6 +88,9 @@ pub struct GroupCommit<C> {
     round: Box<dyn Round<C>>,
     /// Told when a lazy round leaves changes that are not yet durable.
     flusher: Mutex<Option<std::sync::mpsc::SyncSender<()>>>,
+    /// Tests that look at what waits hold the flusher off: a thread
+    /// preempted past `FLUSH_AFTER` would otherwise see it applied.
+    flusher_held: std::sync::atomic::AtomicBool,
 }
 
 /// How long a lazy change may stay non-durable when no durable commit
@@ -108,7 +111,15 @@ impl<C: Send + 'static> GroupCommit<C> {
             rounds: Default::default(),
             round,
             flusher: Mutex::new(None),
+            flusher_held: Default::default(),
         }
+    }
+
+    /// Keeps the flusher from running from now on (tests only).
+    #[cfg(test)]
+    pub fn hold_flusher(&self) {
+        self.flusher_held
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Starts the thread that makes lazy changes durable `FLUSH_AFTER`
@@ -128,6 +139,9 @@ impl<C: Send + 'static> GroupCommit<C> {
                     let Some(me) = me.upgrade() else {
                         return;
                     };
+                    if me.flusher_held.load(std::sync::atomic::Ordering::SeqCst) {
+                        continue;
+                    }
                     let dirty = me.lock().dirty;
                     if dirty || unsettled() {
                         if let Err(e) = me.flush() {
