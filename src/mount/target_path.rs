@@ -48,14 +48,17 @@ fn canonical(existing: &Path) -> io::Result<PathBuf> {
     )
     .and_then(|fd| readlink(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str()));
     match by_kernel {
-        Ok(p)
-            if p.as_encoded_bytes().starts_with(b"/")
-                && !p.as_encoded_bytes().ends_with(b" (deleted)") =>
-        {
-            Ok(PathBuf::from(p))
-        }
+        Ok(p) if reachable(&p) => Ok(PathBuf::from(p)),
         _ => std::fs::canonicalize(existing),
     }
+}
+
+/// Whether a /proc/self/fd link names a path this process can reach: the
+/// kernel writes "(unreachable)/..." for one outside our root and appends
+/// " (deleted)" to one removed meanwhile.
+fn reachable(link: &std::ffi::OsStr) -> bool {
+    let b = link.as_encoded_bytes();
+    b.starts_with(b"/") && !b.ends_with(b" (deleted)")
 }
 
 /// Resolves `path` as far as it exists (symlinks included) and checks it.
@@ -119,6 +122,16 @@ mod tests {
             assert_eq!(canonical(&p).unwrap(), std::fs::canonicalize(&p).unwrap());
         }
         assert!(canonical(&tmp.path().join("none")).is_err());
+        // What the kernel answers for a removed or out-of-root file sends
+        // the resolution to canonicalize.
+        for (link, ok) in [
+            ("/var/lib/kubelet/pods/x", true),
+            ("/var/lib/kubelet/pods/x (deleted)", false),
+            ("(unreachable)/var/lib/x", false),
+            ("", false),
+        ] {
+            assert_eq!(reachable(std::ffi::OsStr::new(link)), ok, "{link}");
+        }
         let ok = tmp.path().join("not/yet/there");
         assert_eq!(
             check(&ok).unwrap(),
