@@ -203,10 +203,7 @@ enum Write {
 /// machine durably without the store: local volumes (their mounts are in
 /// the mount table, their data renamed into place and fsynced).
 pub fn witnessed(vol: &Volume) -> bool {
-    matches!(
-        vol.backing,
-        crate::volume::Backing::Directory | crate::volume::Backing::BlockFile { .. }
-    )
+    vol.backing.is_local()
 }
 
 /// Seconds and nanoseconds since the epoch, for records' creation times.

@@ -9,6 +9,7 @@
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use tokio::sync::Semaphore;
@@ -55,6 +56,30 @@ where
 /// Calls on blocking threads at once, when bounded (`limit_calls`).
 static IN_FLIGHT: OnceLock<Semaphore> = OnceLock::new();
 
+/// Calls running on blocking threads now.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many calls run on blocking threads now (the caller's included).
+pub fn calls_running() -> usize {
+    RUNNING.load(Ordering::Relaxed)
+}
+
+/// Counts a call as running for as long as it lives.
+struct Running;
+
+impl Running {
+    fn start() -> Self {
+        RUNNING.fetch_add(1, Ordering::Relaxed);
+        Running
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Bounds the calls that run on blocking threads at once; the rest wait
 /// for a turn on the async thread, where waiting costs a few bytes, not a
 /// thread. Set once, at start.
@@ -91,9 +116,12 @@ where
         None => None,
     };
     let runtime = tokio::runtime::Handle::current();
-    blocking(move || runtime.block_on(call))
-        .await
-        .map_err(|e| CsiError::Internal(format!("{what} failed: {e}")))?
+    blocking(move || {
+        let _running = Running::start();
+        runtime.block_on(call)
+    })
+    .await
+    .map_err(|e| CsiError::Internal(format!("{what} failed: {e}")))?
 }
 
 #[cfg(test)]

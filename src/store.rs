@@ -303,6 +303,11 @@ impl Store {
         self.journal.checkpoint()
     }
 
+    /// Makes every change logged so far durable.
+    pub fn sync(&self) -> StoreResult<()> {
+        self.commits.flush()
+    }
+
     /// Transactions committed through the group commit so far.
     pub fn commit_rounds(&self) -> u64 {
         self.commits.rounds()

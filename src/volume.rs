@@ -29,6 +29,13 @@ pub enum Backing {
     },
 }
 
+impl Backing {
+    /// Whether the bytes are on this machine (the local backend).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Backing::Directory | Backing::BlockFile { .. })
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ContentSource {

@@ -168,6 +168,8 @@ pub async fn create_volume(
         parameters: &parameters,
         source: &source,
     };
+    // Decided once: a record logged without its sync must get it below.
+    let overlap = overlap_syncs(&placement.backing);
     let vol = match d.store.volume_by_name(&name)? {
         Some(existing) => match state::create_repeat(&existing, &request)? {
             Repeat::Created => return Ok(reply(&existing)),
@@ -214,18 +216,49 @@ pub async fn create_volume(
                 created_unix: secs,
                 ephemeral: false,
             });
-            d.put_volume(&vol).await?;
+            if overlap {
+                d.put_intent(&vol).await?;
+            } else {
+                d.put_volume(&vol).await?;
+            }
             vol
         }
     };
 
-    allocate(d, &vol).await?;
+    if overlap {
+        // The record is logged (a crash of this process keeps it), not yet
+        // synced: the log's sync runs on another thread while this one
+        // creates the data and syncs its directory. Both are durable before
+        // the reply. A machine crash before that may keep the data without
+        // the record: housekeeping reclaims data no record owns.
+        let store = d.store.clone();
+        let synced = tokio::task::spawn_blocking(move || store.sync());
+        let allocated = allocate(d, &vol).await;
+        let synced = synced
+            .await
+            .map_err(|e| CsiError::Internal(format!("log sync failed: {e}")))?;
+        allocated?;
+        synced?;
+    } else {
+        allocate(d, &vol).await?;
+    }
     let vol = state::provisioned(&vol);
     // Local data renamed into place witnesses the creation: start-up turns
     // a `Provisioning` record whose data is there into `Ready`.
     d.put_outcome(&vol).await?;
     tracing::info!(volume_id = %vol.id, name = %vol.name, bytes = vol.capacity_bytes, backing = ?vol.backing, "volume created");
     Ok(reply(&vol))
+}
+
+/// Whether CreateVolume syncs the record's log and the new data's
+/// directory at once rather than one after the other: for data on this
+/// machine, when no other call runs. Alone, a create waits out both syncs
+/// (measured at one client: 269-276 lifecycles/s one after the other,
+/// 288-293 at once). Under load the group commits share each sync among
+/// many calls, and a second thread per create costs more than it saves (64
+/// clients: 884-950 against 838-855).
+fn overlap_syncs(backing: &Backing) -> bool {
+    backing.is_local() && crate::offload::calls_running() <= 1
 }
 
 /// Has the backend allocate a volume's storage from its content source.
