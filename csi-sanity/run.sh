@@ -11,10 +11,15 @@ if [ -z "$sanity" ]; then
   exit 2
 fi
 
-# csi-sanity up to v5.4 fails on capabilities it does not know: a binary
-# built on CSI spec v1.10 gets only the v1.10 ones advertised.
+# csi-sanity up to v5.4 fails on capabilities it does not know (v5.4.0 is
+# built on spec v1.12 but its check predates GET_SNAPSHOT): those, and any
+# binary built on CSI spec v1.10, get only the v1.10 ones advertised.
 spec=1.12
 grep -q GET_SNAPSHOT "$sanity" || spec=1.10
+read -r major minor < <("$sanity" --version 2>/dev/null | sed -n 's/.*v\([0-9]*\)\.\([0-9]*\).*/\1 \2/p') || true
+if [ -n "${major:-}" ] && { [ "$major" -lt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -le 4 ]; }; }; then
+  spec=1.10
+fi
 
 work=$(mktemp -d /tmp/csi-relay-sanity.XXXXXX)
 cargo build --release --locked
