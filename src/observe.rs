@@ -42,7 +42,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
         Opts::new(
             "store_syncs_total",
             "Syncs of the state store, by cause: a change that waited for it (commit), \
-             lazy changes made durable in the background (flush), a checkpoint of redb",
+             lazy changes made durable in the background (flush), a create's record \
+             synced beside its data (sync), a checkpoint of redb",
         ),
         &["cause"],
     )?;

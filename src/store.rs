@@ -303,9 +303,10 @@ impl Store {
         self.journal.checkpoint()
     }
 
-    /// Makes every change logged so far durable.
+    /// Makes every change logged so far durable, and only that: what
+    /// waits to be applied keeps waiting (a flush would apply it too).
     pub fn sync(&self) -> StoreResult<()> {
-        self.commits.flush()
+        self.journal.sync_log()
     }
 
     /// Transactions committed through the group commit so far.
@@ -846,6 +847,25 @@ impl Journal {
         log.synced_upto = log.synced_upto.max(upto);
         crate::observe::store_sync(cause);
         Ok(log)
+    }
+
+    /// Syncs what is logged, outside the rounds (see `Store::sync`).
+    fn sync_log(&self) -> StoreResult<()> {
+        let _writer = self.writer();
+        let log = self.lock();
+        if let Some(failed) = &log.failed {
+            return Err(StoreError::Worker(failed.clone()));
+        }
+        if !log.unsynced() {
+            return Ok(());
+        }
+        match self.sync(log, 1, "sync") {
+            Ok(_) => Ok(()),
+            Err(failed) => failed
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Err(StoreError::Worker("log sync failed".into()))),
+        }
     }
 
     /// A counter of volume records as the pending changes leave it, without
@@ -1768,6 +1788,18 @@ mod tests {
             std::thread::sleep(crate::group_commit::FLUSH_AFTER / 5);
         }
         assert!(in_redb(&store, "a").is_some(), "and applied it to redb");
+    }
+
+    #[test]
+    fn a_sync_makes_what_was_logged_lazily_durable_and_leaves_it_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_held(dir.path());
+        store.put_volume_lazily(&vol("a", "name-a")).unwrap();
+        assert!(store.journal.lock().unsynced());
+        store.sync().unwrap();
+        assert!(!store.journal.lock().unsynced(), "the log was synced");
+        assert!(in_redb(&store, "a").is_none(), "a sync applies nothing");
+        assert!(store.volume("a").unwrap().is_some());
     }
 
     #[test]
