@@ -14,13 +14,8 @@ pub fn doubling(failures: u32, base: Duration, max: Duration) -> Duration {
 
 /// Runs `attempt` until it succeeds, sleeping [`doubling`] delays between
 /// failures, and logs each failure with `what` and the wait before the next
-/// try. Returns the success and how many attempts failed before it.
-pub async fn until_ok<T, E, F, Fut>(
-    what: &str,
-    base: Duration,
-    max: Duration,
-    mut attempt: F,
-) -> (T, u32)
+/// try.
+pub async fn until_ok<T, E, F, Fut>(what: &str, base: Duration, max: Duration, mut attempt: F) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
@@ -29,7 +24,7 @@ where
     let mut failures = 0u32;
     loop {
         match attempt().await {
-            Ok(done) => return (done, failures),
+            Ok(done) => return done,
             Err(e) => {
                 failures = failures.saturating_add(1);
                 let delay = doubling(failures, base, max);
@@ -57,7 +52,7 @@ mod tests {
     async fn failures_are_retried_after_growing_waits_until_one_succeeds() {
         let started = tokio::time::Instant::now();
         let mut tries = 0;
-        let (value, failed) = until_ok(
+        let value = until_ok(
             "test work",
             Duration::from_secs(1),
             Duration::from_secs(3),
@@ -74,7 +69,7 @@ mod tests {
             },
         )
         .await;
-        assert_eq!((value, failed), (50, 4));
+        assert_eq!((value, tries), (50, 5), "four failures, then a success");
         // 1 + 2 + 3 + 3 s of waits: doubled, then held at the ceiling.
         assert_eq!(started.elapsed(), Duration::from_secs(9));
     }

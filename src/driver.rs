@@ -155,7 +155,8 @@ impl Driver {
     /// machine too: a machine crash that loses the record loses the mount
     /// as well, and the CO stages and publishes again after a reboot.
     /// Member volumes, whose node work has effects beyond this machine,
-    /// are committed durably.
+    /// are committed durably. (CreateVolume logs its `Provisioning` record
+    /// this way when it syncs the log itself, beside the data's creation.)
     pub async fn put_intent(&self, vol: &Volume) -> CsiResult<()> {
         self.put_outcome(vol).await
     }

@@ -90,6 +90,7 @@ pub struct GroupCommit<C> {
     flusher: Mutex<Option<std::sync::mpsc::SyncSender<()>>>,
     /// Tests that look at what waits hold the flusher off: a thread
     /// preempted past `FLUSH_AFTER` would otherwise see it applied.
+    #[cfg(test)]
     flusher_held: std::sync::atomic::AtomicBool,
 }
 
@@ -111,6 +112,7 @@ impl<C: Send + 'static> GroupCommit<C> {
             rounds: Default::default(),
             round,
             flusher: Mutex::new(None),
+            #[cfg(test)]
             flusher_held: Default::default(),
         }
     }
@@ -139,6 +141,7 @@ impl<C: Send + 'static> GroupCommit<C> {
                     let Some(me) = me.upgrade() else {
                         return;
                     };
+                    #[cfg(test)]
                     if me.flusher_held.load(std::sync::atomic::Ordering::SeqCst) {
                         continue;
                     }

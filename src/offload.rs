@@ -9,7 +9,6 @@
 
 use std::cell::Cell;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use tokio::sync::Semaphore;
@@ -50,33 +49,34 @@ where
     T: Send + 'static,
     F: Future<Output = CsiResult<T>> + Send + 'static,
 {
-    call_within(IN_FLIGHT.get(), what, call).await
+    call_within(IN_FLIGHT.get().map(|b| &b.turns), what, call).await
 }
 
 /// Calls on blocking threads at once, when bounded (`limit_calls`).
-static IN_FLIGHT: OnceLock<Semaphore> = OnceLock::new();
+static IN_FLIGHT: OnceLock<Bound> = OnceLock::new();
 
-/// Calls running on blocking threads now.
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
-
-/// How many calls run on blocking threads now (the caller's included).
-pub fn calls_running() -> usize {
-    RUNNING.load(Ordering::Relaxed)
+struct Bound {
+    turns: Semaphore,
+    size: usize,
 }
 
-/// Counts a call as running for as long as it lives.
-struct Running;
+/// How many calls hold a turn on a blocking thread now (the caller's
+/// included); `None` when calls are not bounded and so not counted.
+pub fn calls_in_flight() -> Option<usize> {
+    IN_FLIGHT.get().map(Bound::taken)
+}
 
-impl Running {
-    fn start() -> Self {
-        RUNNING.fetch_add(1, Ordering::Relaxed);
-        Running
+impl Bound {
+    fn new(size: usize) -> Self {
+        Bound {
+            turns: Semaphore::new(size),
+            size,
+        }
     }
-}
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.fetch_sub(1, Ordering::Relaxed);
+    /// Turns held now.
+    fn taken(&self) -> usize {
+        self.size.saturating_sub(self.turns.available_permits())
     }
 }
 
@@ -93,7 +93,7 @@ impl Drop for Running {
 /// syncs. A call cut short by its time limit gives its turn back at once,
 /// even if its thread is still stuck in the kernel.
 pub fn limit_calls(n: usize) {
-    if IN_FLIGHT.set(Semaphore::new(n.max(1))).is_err() {
+    if IN_FLIGHT.set(Bound::new(n.max(1))).is_err() {
         tracing::warn!("the bound on calls in flight was set already");
     }
 }
@@ -116,12 +116,9 @@ where
         None => None,
     };
     let runtime = tokio::runtime::Handle::current();
-    blocking(move || {
-        let _running = Running::start();
-        runtime.block_on(call)
-    })
-    .await
-    .map_err(|e| CsiError::Internal(format!("{what} failed: {e}")))?
+    blocking(move || runtime.block_on(call))
+        .await
+        .map_err(|e| CsiError::Internal(format!("{what} failed: {e}")))?
 }
 
 #[cfg(test)]
@@ -185,6 +182,19 @@ mod tests {
             "the abandoned call's turn came back"
         );
         let _ = release.send(());
+    }
+
+    #[tokio::test]
+    async fn the_calls_in_flight_are_the_turns_taken() {
+        let bound = Bound::new(3);
+        assert_eq!(bound.taken(), 0);
+        let one = bound.turns.acquire().await.unwrap();
+        let two = bound.turns.acquire().await.unwrap();
+        assert_eq!(bound.taken(), 2);
+        drop(one);
+        assert_eq!(bound.taken(), 1);
+        drop(two);
+        assert_eq!(bound.taken(), 0);
     }
 
     #[tokio::test]

@@ -1800,6 +1800,11 @@ mod tests {
         assert!(!store.journal.lock().unsynced(), "the log was synced");
         assert!(in_redb(&store, "a").is_none(), "a sync applies nothing");
         assert!(store.volume("a").unwrap().is_some());
+        // A log that failed is not synced again: the caller hears why.
+        store.put_volume_lazily(&vol("b", "name-b")).unwrap();
+        store.journal.lock().fail(1, &std::io::Error::other("EIO"));
+        let e = store.sync().unwrap_err();
+        assert!(e.to_string().contains("restarted"), "{e}");
     }
 
     #[test]
