@@ -225,6 +225,8 @@ pub struct DriverConfig {
     pub capacity: u64,
     pub max_volume_size: u64,
     pub mutable_parameters: BTreeSet<String>,
+    /// Resolved through symlinks at start-up: the directory whose store is
+    /// open, which staging and target paths are checked against.
     pub state_dir: PathBuf,
     /// The member cluster this node runs pods for (`--node-member`).
     pub node_member: Option<String>,

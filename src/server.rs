@@ -134,7 +134,8 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
             .filter(|s| !s.is_empty())
             .cloned()
             .collect(),
-        state_dir: args.state_dir.clone(),
+        state_dir: std::fs::canonicalize(&args.state_dir)
+            .map_err(io("resolve state directory", &args.state_dir))?,
         node_member: args.node_member.clone(),
         stale_provisioning_after: std::time::Duration::from_secs(args.stale_provisioning_after),
         csi_spec: args.csi_spec,

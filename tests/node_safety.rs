@@ -124,7 +124,7 @@ async fn reader_only_raw_block_device_refuses_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paths_in_the_state_dir_are_refused() {
     require_mounts!();
-    let d = Driver::start(&[]).await;
+    let mut d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
     let victim = ready_volume(&d, "victim", 16 * MIB, snw()).await;
     let victim_dir = d.state_dir.join("volumes").join(&victim.id);
@@ -166,6 +166,23 @@ async fn paths_in_the_state_dir_are_refused() {
     assert!(!d.state_dir.join("staging").exists());
     // The refused request left no record: staging at a proper path works.
     stage(&d, &other).await;
+
+    // A state dir named through a symlink is resolved when the driver
+    // starts: its real location is refused just the same.
+    d.stop();
+    let real_state = d.state_dir.clone();
+    let link = d.dir.path().join("state-link");
+    std::os::unix::fs::symlink(&real_state, &link).unwrap();
+    d.state_dir = link;
+    d.start_again().await;
+    for bad in [real_state.join("volumes/new"), real_state.join("new/dir")] {
+        expect_code(
+            try_publish(&d, publish_req(&v, &bad, false)).await,
+            Code::InvalidArgument,
+            &format!("publish at {} (state dir named by a link)", bad.display()),
+        );
+        assert!(!bad.exists(), "{} must not be created", bad.display());
+    }
 
     // Everything still unwinds.
     destroy(&d, &other).await;

@@ -81,10 +81,10 @@ pub fn check(path: &Path) -> io::Result<PathBuf> {
 
 /// Like `check`, and also refuses a path inside `protected` (the driver's
 /// state dir: volumes' data and the state store) or above it, where a mount
-/// would hide or redirect it.
+/// would hide or redirect it. `protected` is taken as already resolved:
+/// the state dir is resolved once, at start-up.
 pub fn check_outside(path: &Path, protected: &Path) -> io::Result<PathBuf> {
     let resolved = check(path)?;
-    let protected = resolve(protected)?;
     if resolved.starts_with(&protected) || protected.starts_with(&resolved) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
