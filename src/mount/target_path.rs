@@ -85,7 +85,7 @@ pub fn check(path: &Path) -> io::Result<PathBuf> {
 /// the state dir is resolved once, at start-up.
 pub fn check_outside(path: &Path, protected: &Path) -> io::Result<PathBuf> {
     let resolved = check(path)?;
-    if resolved.starts_with(&protected) || protected.starts_with(&resolved) {
+    if resolved.starts_with(protected) || protected.starts_with(&resolved) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
