@@ -123,8 +123,9 @@ impl Driver {
         limit: Option<(&str, u64)>,
     ) -> CsiResult<()> {
         let limit = limit.map(|(node, max)| (node.to_string(), max));
-        self.write(vol, Write::Put, move |s, record| {
-            s.put_volume_limited(record, limit.as_ref().map(|(n, m)| (n.as_str(), *m)))
+        let record = Arc::new(vol.clone());
+        self.write(vol, Write::Put, move |s| {
+            s.put_shared(record, true, limit.as_ref().map(|(n, m)| (n.as_str(), *m)))
         })
         .await
         .map_err(|e| match e {
@@ -144,7 +145,8 @@ impl Driver {
         if !witnessed(vol) {
             return self.put_volume(vol).await;
         }
-        self.write(vol, Write::Put, |s, record| s.put_volume_lazily(record))
+        let record = Arc::new(vol.clone());
+        self.write(vol, Write::Put, move |s| s.put_shared(record, false, None))
             .await
     }
 
@@ -164,25 +166,26 @@ impl Driver {
     /// Deletes a record whose data is gone; lazily, as `put_outcome`
     /// (start-up finishes a `Deleting` record whose data is absent).
     pub async fn remove_outcome(&self, vol: &Volume) -> CsiResult<()> {
-        self.write(vol, Write::Remove, |s, record| {
-            s.remove_volume_lazily(&record.id)
-        })
-        .await
+        let id = vol.id.clone();
+        self.write(vol, Write::Remove, move |s| s.remove_volume_lazily(&id))
+            .await
     }
 
     /// Deletes a volume record, then tells the observers.
     pub async fn remove_volume(&self, vol: &Volume) -> CsiResult<()> {
-        self.write(vol, Write::Remove, |s, record| s.remove_volume(&record.id))
+        let id = vol.id.clone();
+        self.write(vol, Write::Remove, move |s| s.remove_volume(&id))
             .await
     }
 
-    /// Runs one store write of `vol`, then tells the observers.
+    /// Runs one store write of `vol` (`f` owns what it writes: the one
+    /// copy of the record a put makes, or the id a removal needs), then
+    /// tells the observers.
     async fn write<F>(&self, vol: &Volume, kind: Write, f: F) -> CsiResult<()>
     where
-        F: FnOnce(&Store, &Volume) -> StoreResult<()> + Send + 'static,
+        F: FnOnce(&Store) -> StoreResult<()> + Send + 'static,
     {
-        let record = vol.clone();
-        self.db(move |s| f(s, &record)).await?;
+        self.db(f).await?;
         for o in &self.observers {
             match kind {
                 // Observers behind a queue retry on their own.

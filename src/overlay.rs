@@ -9,7 +9,7 @@
 //! applied first (`Store::settle`).
 
 use std::collections::HashMap;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::volume::Volume;
 
@@ -75,7 +75,8 @@ impl Counts {
 #[derive(Default)]
 struct Pending {
     /// The latest pending record of each volume; `None` is a removal.
-    latest: HashMap<String, Option<Volume>>,
+    /// Shared with the log's pending change that wrote it.
+    latest: HashMap<String, Option<Arc<Volume>>>,
     counts: Counts,
 }
 
@@ -97,6 +98,12 @@ impl Overlay {
     /// `Some(record)` when a change of volume `id` is pending: the record,
     /// or `None` when it is removed. `None` sends the reader to redb.
     pub fn volume(&self, id: &str) -> Option<Option<Volume>> {
+        self.read().latest.get(id).map(|v| v.as_deref().cloned())
+    }
+
+    /// Like `volume`, without a copy of the record: for the store's own
+    /// reads, which only look.
+    pub fn shared(&self, id: &str) -> Option<Option<Arc<Volume>>> {
         self.read().latest.get(id).cloned()
     }
 
@@ -107,7 +114,7 @@ impl Overlay {
             .values()
             .flatten()
             .find(|v| v.name == name)
-            .cloned()
+            .map(|v| Volume::clone(v))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -123,7 +130,7 @@ impl Overlay {
     }
 
     /// Records a pending change of volume `id` (`None`: its removal).
-    pub fn add(&self, id: &str, record: Option<&Volume>, delta: &Delta) {
+    pub fn add(&self, id: &str, record: Option<&Arc<Volume>>, delta: &Delta) {
         let mut pending = self.write();
         pending.latest.insert(id.to_string(), record.cloned());
         pending.counts.add(delta);
@@ -137,7 +144,7 @@ impl Overlay {
         &self,
         commit: impl FnOnce() -> Result<T, E>,
         applied: impl IntoIterator<Item = &'a Delta>,
-        remaining: impl IntoIterator<Item = (&'a str, Option<&'a Volume>)>,
+        remaining: impl IntoIterator<Item = (&'a str, Option<&'a Arc<Volume>>)>,
     ) -> Result<T, E> {
         let mut pending = self.write();
         let committed = commit()?;
@@ -163,14 +170,17 @@ mod tests {
     fn the_latest_change_wins_and_a_removal_hides_the_record() {
         let o = Overlay::default();
         assert!(o.volume("a").is_none(), "nothing pending: read redb");
-        let a = vol("a", "pvc-a");
-        o.add("a", Some(&a), &Delta::between(None, Some(&a)));
+        let a = Arc::new(vol("a", "pvc-a"));
+        o.add("a", Some(&a), &Delta::between(None, Some(&*a)));
         assert_eq!(o.volume_named("pvc-a").map(|v| v.id), Some("a".into()));
-        o.add("a", None, &Delta::between(Some(&a), None));
+        // The store's own reads share the record the change wrote.
+        let shared = o.shared("a").flatten().unwrap();
+        assert!(Arc::ptr_eq(&shared, &a));
+        o.add("a", None, &Delta::between(Some(&*a), None));
         assert_eq!(o.volume("a"), Some(None), "a pending removal answers none");
         assert!(o.volume_named("pvc-a").is_none());
         o.with_counts(|c| assert_eq!((c.allocated, c.attached.len()), (0, 0)));
-        let none: [(&str, Option<&Volume>); 0] = [];
+        let none: [(&str, Option<&Arc<Volume>>); 0] = [];
         o.retire(|| Ok::<(), ()>(()), [], none).unwrap();
         assert!(o.is_empty() && o.volume("a").is_none());
     }
@@ -178,12 +188,13 @@ mod tests {
     #[test]
     fn counts_follow_each_change_and_forget_it_once_applied() {
         let o = Overlay::default();
-        let a = with_attachment(vol("a", "pvc-a"), "n1");
-        let mut a2 = with_attachment(a.clone(), "n2");
+        let a = Arc::new(with_attachment(vol("a", "pvc-a"), "n1"));
+        let mut a2 = with_attachment(Volume::clone(&a), "n2");
         a2.nodes.remove("n1");
         a2.capacity_bytes = 300;
-        let first = Delta::between(None, Some(&a));
-        let second = Delta::between(Some(&a), Some(&a2));
+        let a2 = Arc::new(a2);
+        let first = Delta::between(None, Some(&*a));
+        let second = Delta::between(Some(&*a), Some(&*a2));
         assert_eq!(second.allocated, 200);
         assert_eq!(second.attached.len(), 2);
         o.add("a", Some(&a), &first);
@@ -202,6 +213,6 @@ mod tests {
             assert_eq!(c.allocated, 200);
             assert_eq!((c.attached_on("n1"), c.attached_on("n2")), (-1, 1));
         });
-        assert_eq!(o.volume("a"), Some(Some(a2)));
+        assert_eq!(o.volume("a"), Some(Some(Volume::clone(&a2))));
     }
 }

@@ -99,7 +99,9 @@ pub struct Store {
 /// One logged change: what replay applies again after a crash.
 #[derive(Serialize, serde::Deserialize)]
 enum Op {
-    PutVolume(Box<Volume>),
+    /// Shared with the overlay and the round that plans it: a record is
+    /// copied once per write, where the caller hands it over.
+    PutVolume(Arc<Volume>),
     RemoveVolume(String),
     PutSnapshot(Box<Snapshot>),
     RemoveSnapshot(String),
@@ -114,9 +116,9 @@ enum Op {
 
 impl Op {
     /// The volume a change writes (`None`: removes), for the overlay.
-    fn pending_volume(&self) -> Option<(&str, Option<&Volume>)> {
+    fn pending_volume(&self) -> Option<(&str, Option<&Arc<Volume>>)> {
         match self {
-            Op::PutVolume(vol) => Some((vol.id.as_str(), Some(&**vol))),
+            Op::PutVolume(vol) => Some((vol.id.as_str(), Some(vol))),
             Op::RemoveVolume(id) => Some((id.as_str(), None)),
             _ => None,
         }
@@ -500,8 +502,19 @@ impl Store {
     /// count is read where the change is logged, one writer at a time, so
     /// two publishes to one node cannot both take the last slot.
     pub fn put_volume_limited(&self, vol: &Volume, limit: Option<(&str, u64)>) -> StoreResult<()> {
+        self.put_shared(Arc::new(vol.clone()), true, limit)
+    }
+
+    /// Writes a record the caller hands over: durably (with `limit`, as
+    /// `put_volume_limited`) or lazily (as `put_volume_lazily`).
+    pub fn put_shared(
+        &self,
+        vol: Arc<Volume>,
+        durable: bool,
+        limit: Option<(&str, u64)>,
+    ) -> StoreResult<()> {
         let limit = limit.map(|(n, m)| (n.to_string(), m));
-        self.write(true, Op::PutVolume(Box::new(vol.clone())), limit)
+        self.write(durable, Op::PutVolume(vol), limit)
     }
 
     /// Like `put_volume`, for a change that needs no sync of its own: a
@@ -509,7 +522,7 @@ impl Store {
     /// witness (the mount table, the backend's data). It becomes durable
     /// with the next durable commit.
     pub fn put_volume_lazily(&self, vol: &Volume) -> StoreResult<()> {
-        self.write(false, Op::PutVolume(Box::new(vol.clone())), None)
+        self.put_shared(Arc::new(vol.clone()), false, None)
     }
 
     pub fn remove_volume(&self, id: &str) -> StoreResult<()> {
@@ -1086,7 +1099,7 @@ impl Journal {
     /// attach limit. `Err` when any cannot be encoded or read against.
     fn plan(&self, changes: &[Option<Change>]) -> StoreResult<Vec<Planned>> {
         // Records and counts as the round's earlier changes leave them.
-        let mut round: std::collections::HashMap<&str, Option<&Volume>> = Default::default();
+        let mut round: std::collections::HashMap<&str, Option<&Arc<Volume>>> = Default::default();
         let mut round_counts = Counts::default();
         let mut redb: Option<redb::ReadTransaction> = None;
         let mut planned = Vec::with_capacity(changes.len());
@@ -1094,9 +1107,9 @@ impl Journal {
             let Some((id, new)) = change.op.pending_volume() else {
                 return Err(StoreError::Worker("not a volume change".into()));
             };
-            let old: Option<Volume> = match round.get(id) {
+            let old: Option<Arc<Volume>> = match round.get(id) {
                 Some(v) => v.cloned(),
-                None => match self.overlay.volume(id) {
+                None => match self.overlay.shared(id) {
                     Some(v) => v,
                     None => {
                         let txn = match &redb {
@@ -1107,12 +1120,13 @@ impl Journal {
                         // An undecodable record is quarantined when the
                         // change is applied, and counts as none then.
                         raw.and_then(|raw| decode::<Volume>("volumes", id, raw.value()).ok())
+                            .map(Arc::new)
                     }
                 },
             };
             if let Some((node, max)) = &change.limit {
                 let on = |v: Option<&Volume>| v.is_some_and(|v| v.attached_to(node));
-                if on(new) && !on(old.as_ref()) {
+                if on(new.map(|v| &**v)) && !on(old.as_deref()) {
                     let attached = self.counter(&format!("{ATTACHED_PREFIX}{node}"), |c| {
                         i128::from(c.attached_on(node) + round_counts.attached_on(node))
                     })?;
@@ -1126,7 +1140,7 @@ impl Journal {
                     }
                 }
             }
-            let delta = Delta::between(old.as_ref(), new);
+            let delta = Delta::between(old.as_deref(), new.map(|v| &**v));
             round_counts.add(&delta);
             round.insert(id, new);
             planned.push(Ok((encode_op(&change.op)?, delta)));
@@ -2128,7 +2142,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let v = with_attachment(vol("a", "name-a"), "node-1");
-        let op = Op::PutVolume(Box::new(v));
+        let op = Op::PutVolume(Arc::new(v));
         let txn = store.db.begin_write().unwrap();
         let logged = apply_and_encode(&txn, &op, None).unwrap();
         assert_eq!(logged, serde_json::to_vec(&op).unwrap());
