@@ -158,9 +158,10 @@ struct Journal {
     /// The log's file, synced without `log` held: lazy writers append
     /// meanwhile instead of waiting out the fdatasync.
     syncer: std::fs::File,
-    /// Runs once during the next sync, with `log` let go.
+    /// Runs once during the next sync, with `log` let go; its error
+    /// stands for the sync's, as a failing disk's would.
     #[cfg(test)]
-    during_sync: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    during_sync: Mutex<Option<Box<dyn FnOnce() -> std::io::Result<()> + Send>>>,
     /// Readers' view of `Log::deferred`.
     overlay: Overlay,
 }
@@ -473,6 +474,18 @@ impl Store {
     }
 
     // ---- volumes ----
+
+    /// Makes the next sync of the log fail, as a failing disk would
+    /// (tests only).
+    #[cfg(test)]
+    pub fn fail_next_sync(&self) {
+        *self
+            .journal
+            .during_sync
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) =
+            Some(Box::new(|| Err(std::io::Error::other("injected EIO"))));
+    }
 
     pub fn volume(&self, id: &str) -> StoreResult<Option<Volume>> {
         if let Some(pending) = self.journal.overlay.volume(id) {
@@ -849,10 +862,13 @@ impl Journal {
         let upto = log.wal.next_lsn() - 1;
         drop(log);
         #[cfg(test)]
-        if let Some(f) = self.during_sync.lock().ok().and_then(|mut f| f.take()) {
-            f();
-        }
-        let synced = self.syncer.sync_data();
+        let injected = match self.during_sync.lock().ok().and_then(|mut f| f.take()) {
+            Some(f) => f(),
+            None => Ok(()),
+        };
+        #[cfg(not(test))]
+        let injected = Ok(());
+        let synced = injected.and_then(|()| self.syncer.sync_data());
         let mut log = self.lock();
         if let Err(e) = synced {
             return Err(log.fail(n, &e));
@@ -1755,6 +1771,7 @@ mod tests {
             // With the log held across the sync these writes would wait
             // for the round, which waits here: they time out.
             let _ = tx.send(wait.recv_timeout(std::time::Duration::from_secs(5)));
+            Ok(())
         }));
         // A change of another kind takes a round of its own, with a redb
         // transaction that applies what is pending first.

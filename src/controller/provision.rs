@@ -258,6 +258,10 @@ pub async fn create_volume(
 /// many calls, and a second thread per create costs more than it saves (64
 /// clients, overlapping always: 838-855 against 884-950).
 fn overlap_syncs(backing: &Backing) -> bool {
+    #[cfg(test)]
+    if tests::OVERLAP.with(std::cell::Cell::get) {
+        return backing.is_local();
+    }
     backing.is_local() && crate::offload::calls_in_flight().is_some_and(|n| n <= 1)
 }
 
@@ -401,6 +405,96 @@ pub async fn expand_volume(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::Arc;
+
+    use crate::backend::local::LocalBackend;
+    use crate::config::{DriverConfig, Mode, SpecVersion};
+    use crate::store::Store;
+
+    thread_local! {
+        /// Makes this thread's creates overlap their two syncs, as a create
+        /// that runs alone in a server does (lib tests bound no calls, so
+        /// `calls_in_flight` cannot tell).
+        pub(super) static OVERLAP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    fn local_driver(dir: &std::path::Path) -> Driver {
+        let backend = LocalBackend::new(dir, "n1", &[], Some(1 << 30)).unwrap();
+        let config = DriverConfig {
+            driver_name: "relay.csi.dev".into(),
+            node_id: "n1".into(),
+            mode: Mode::All,
+            max_volumes_per_node: 0,
+            capacity: 1 << 30,
+            max_volume_size: 1 << 30,
+            mutable_parameters: Default::default(),
+            state_dir: dir.to_path_buf(),
+            node_member: None,
+            stale_provisioning_after: std::time::Duration::from_secs(3600),
+            csi_spec: SpecVersion::V1_12,
+        };
+        Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend))
+    }
+
+    fn request(name: &str) -> csi::CreateVolumeRequest {
+        use csi::volume_capability::{access_mode::Mode as M, AccessMode, AccessType};
+        csi::CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: 1 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_mode: Some(AccessMode {
+                    mode: M::SingleNodeWriter as i32,
+                }),
+                access_type: Some(AccessType::Mount(Default::default())),
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// The volumes' data the local backend holds (temporary copies aside).
+    fn data(dir: &std::path::Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("volumes"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    // A lone create syncs its record's log while it makes the data. When
+    // that sync fails, the CO hears it and nothing is lost or doubled: the
+    // store takes no change until a restart, the restart finds the record
+    // (logged) and its data (made), and the CO's retry gets that volume.
+    #[tokio::test]
+    async fn a_lone_create_whose_log_sync_fails_is_refused_and_its_retry_gets_the_one_volume() {
+        OVERLAP.with(|o| o.set(true));
+        let tmp = tempfile::tempdir().unwrap();
+        let d = local_driver(tmp.path());
+        d.store.fail_next_sync();
+        let err = create_volume(&d, request("pvc-1")).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Internal, "{err}");
+        assert!(err.to_string().contains("restarted"), "{err}");
+        let made = data(tmp.path());
+        assert_eq!(made.len(), 1, "the data was made beside the sync");
+        let refused = create_volume(&d, request("pvc-2")).await.unwrap_err();
+        assert!(refused.to_string().contains("restarted"), "{refused}");
+
+        drop(d);
+        let d = local_driver(tmp.path());
+        assert_eq!(crate::housekeeping::promote_created(&d).await.unwrap(), 1);
+        let retry = create_volume(&d, request("pvc-1")).await.unwrap();
+        let id = retry.volume.unwrap().volume_id;
+        assert_eq!(made, vec![id.clone()], "the retry found the volume made");
+        let report = crate::housekeeping::sweep(&d).await.unwrap();
+        assert_eq!(report.reclaimed_data, 0, "{report:?}");
+        assert_eq!(data(tmp.path()), vec![id]);
+        OVERLAP.with(|o| o.set(false));
+    }
 
     #[test]
     fn sizes_respect_the_range() {
