@@ -161,10 +161,14 @@ struct Journal {
     /// Runs once during the next sync, with `log` let go; its error
     /// stands for the sync's, as a failing disk's would.
     #[cfg(test)]
-    during_sync: Mutex<Option<Box<dyn FnOnce() -> std::io::Result<()> + Send>>>,
+    during_sync: Mutex<Option<SyncHook>>,
     /// Readers' view of `Log::deferred`.
     overlay: Overlay,
 }
+
+/// What a test runs during a sync, in the sync's stead when it fails.
+#[cfg(test)]
+type SyncHook = Box<dyn FnOnce() -> std::io::Result<()> + Send>;
 
 /// Volume changes the log holds and redb does not yet, at most: the next
 /// round beyond it applies them all (the flusher usually does before).
