@@ -209,8 +209,25 @@ fn decode<T: DeserializeOwned>(table: &'static str, key: &str, bytes: &[u8]) -> 
 }
 
 fn encode<T: Serialize>(value: &T) -> StoreResult<Vec<u8>> {
-    serde_json::to_vec(value).map_err(StoreError::Encode)
+    thread_local! {
+        /// Records are written here and copied out at their size: written
+        /// straight into a new Vec, a record of a few hundred bytes had it
+        /// grown (and copied) three or four times.
+        static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.clear();
+        let written = serde_json::to_writer(&mut *buf, value).map_err(StoreError::Encode);
+        let out = written.map(|()| buf.to_vec());
+        if buf.capacity() > SCRATCH_KEPT {
+            *buf = Vec::new();
+        }
+        out
+    })
 }
+
+/// The largest scratch buffer a thread keeps between encodings.
+const SCRATCH_KEPT: usize = 64 << 10;
 
 fn pair(a: &str, b: &str) -> String {
     format!("{a}\0{b}")
@@ -1075,7 +1092,9 @@ impl Journal {
             // The ordinary path reports it.
             return Err(changes);
         };
-        let mut payload = vec![b'['];
+        let size: usize = planned.iter().flatten().map(|e| e.0.logged.len() + 1).sum();
+        let mut payload = Vec::with_capacity(size + 2);
+        payload.push(b'[');
         for e in planned.iter().flatten() {
             if payload.len() > 1 {
                 payload.push(b',');
