@@ -993,12 +993,12 @@ impl Journal {
                     let _ = txn.abort();
                     return all_failed(n, &format!("transaction abandoned: {e}"));
                 }
-                Ok(op_json) => {
+                Ok(encoded) => {
                     results.push(Ok(()));
                     if logged > 0 {
                         payload.push(b',');
                     }
-                    payload.extend_from_slice(&op_json);
+                    encoded.log_into(&mut payload);
                     logged += 1;
                 }
             }
@@ -1092,14 +1092,14 @@ impl Journal {
             // The ordinary path reports it.
             return Err(changes);
         };
-        let size: usize = planned.iter().flatten().map(|e| e.0.logged.len() + 1).sum();
+        let size: usize = planned.iter().flatten().map(|e| e.0.logged_len() + 1).sum();
         let mut payload = Vec::with_capacity(size + 2);
         payload.push(b'[');
         for e in planned.iter().flatten() {
             if payload.len() > 1 {
                 payload.push(b',');
             }
-            payload.extend_from_slice(&e.0.logged);
+            e.0.log_into(&mut payload);
         }
         payload.push(b']');
         let logged = planned.iter().any(Result::is_ok);
@@ -1125,7 +1125,7 @@ impl Journal {
             }
             log.deferred.push(Deferred {
                 op: change.op,
-                record: encoded.record,
+                record: encoded.into_record(),
                 delta,
             });
             results.push(Ok(()));
@@ -1337,32 +1337,60 @@ impl Log {
 /// counters, or its refusal.
 type Planned = StoreResult<(Encoded, Delta)>;
 
-/// An op as the log holds it, and a volume record's encoding for its table.
-struct Encoded {
-    logged: Vec<u8>,
-    record: Option<Vec<u8>>,
+/// An op encoded once: a volume record as its table holds it (the log
+/// wraps it as serde writes the op, straight into the round's payload), or
+/// any other op as the log holds it.
+enum Encoded {
+    Volume(Vec<u8>),
+    Other(Vec<u8>),
 }
 
-/// Encodes `op` for the log. A volume record is encoded once, for its
-/// table and (wrapped as serde writes the op) for the log, instead of once
-/// for each.
+/// What serde writes before the record of an `Op::PutVolume` (and `}` after).
+const PUT_VOLUME_OPEN: &[u8] = br#"{"PutVolume":"#;
+
+impl Encoded {
+    /// Bytes `log_into` appends.
+    fn logged_len(&self) -> usize {
+        match self {
+            Encoded::Volume(record) => PUT_VOLUME_OPEN.len() + record.len() + 1,
+            Encoded::Other(logged) => logged.len(),
+        }
+    }
+
+    /// Appends the op as the log holds it.
+    fn log_into(&self, out: &mut Vec<u8>) {
+        match self {
+            Encoded::Volume(record) => {
+                out.extend_from_slice(PUT_VOLUME_OPEN);
+                out.extend_from_slice(record);
+                out.push(b'}');
+            }
+            Encoded::Other(logged) => out.extend_from_slice(logged),
+        }
+    }
+
+    /// A volume record's encoding, for its table.
+    fn record(&self) -> Option<&[u8]> {
+        match self {
+            Encoded::Volume(record) => Some(record),
+            Encoded::Other(_) => None,
+        }
+    }
+
+    fn into_record(self) -> Option<Vec<u8>> {
+        match self {
+            Encoded::Volume(record) => Some(record),
+            Encoded::Other(_) => None,
+        }
+    }
+}
+
+/// Encodes `op` for the log and, a volume record, for its table: once.
 fn encode_op(op: &Op) -> StoreResult<Encoded> {
-    let Op::PutVolume(vol) = op else {
-        let logged = serde_json::to_vec(op).map_err(StoreError::Encode)?;
-        return Ok(Encoded {
-            logged,
-            record: None,
-        });
-    };
-    let record = encode(vol)?;
-    let mut logged = Vec::with_capacity(record.len() + 16);
-    logged.extend_from_slice(br#"{"PutVolume":"#);
-    logged.extend_from_slice(&record);
-    logged.push(b'}');
-    Ok(Encoded {
-        logged,
-        record: Some(record),
-    })
+    match op {
+        Op::PutVolume(vol) => Ok(Encoded::Volume(encode(vol)?)),
+        _ => Ok(Encoded::Other(encode(op)?)),
+    }
 }
 
 /// Applies `op`, using a volume record's encoding when there is one.
@@ -1383,10 +1411,10 @@ fn apply_and_encode(
     txn: &redb::WriteTransaction,
     op: &Op,
     limit: Option<(String, u64)>,
-) -> StoreResult<Vec<u8>> {
+) -> StoreResult<Encoded> {
     let encoded = encode_op(op)?;
-    apply_encoded(txn, op, encoded.record.as_deref(), limit)?;
-    Ok(encoded.logged)
+    apply_encoded(txn, op, encoded.record(), limit)?;
+    Ok(encoded)
 }
 
 /// Writes a volume record (`record`, its encoding) and its indexes; with a
@@ -2184,11 +2212,13 @@ mod tests {
         let v = with_attachment(vol("a", "name-a"), "node-1");
         let op = Op::PutVolume(Arc::new(v));
         let txn = store.db.begin_write().unwrap();
-        let logged = apply_and_encode(&txn, &op, None).unwrap();
-        assert_eq!(logged, serde_json::to_vec(&op).unwrap());
-        let removal = Op::RemoveVolume("a".into());
-        let logged = apply_and_encode(&txn, &removal, None).unwrap();
-        assert_eq!(logged, serde_json::to_vec(&removal).unwrap());
+        for op in [op, Op::RemoveVolume("a".into())] {
+            let encoded = apply_and_encode(&txn, &op, None).unwrap();
+            let mut logged = Vec::new();
+            encoded.log_into(&mut logged);
+            assert_eq!(logged, serde_json::to_vec(&op).unwrap());
+            assert_eq!(encoded.logged_len(), logged.len());
+        }
     }
 
     #[test]
