@@ -75,6 +75,33 @@ pub async fn promote_created(d: &Driver) -> CsiResult<usize> {
     Ok(promoted)
 }
 
+/// At start-up, before any call and before `promote_created`: storage made
+/// ahead that an earlier run left (see `backend::dir_pool`). An entry a
+/// volume record owns was taken by a create whose move into place a power
+/// cut undid: it goes into place again. The rest are discarded. Returns
+/// how many were put in place.
+pub async fn settle_premade(d: &Driver) -> CsiResult<usize> {
+    let leftovers = d.backend.premade_leftovers();
+    if leftovers.is_empty() {
+        return Ok(0);
+    }
+    let (mut owned, mut orphans) = (Vec::new(), Vec::new());
+    for id in leftovers {
+        let key = id.clone();
+        match d.db(move |s| s.volume(&key)).await? {
+            Some(_) => owned.push(id),
+            None => orphans.push(id),
+        }
+    }
+    let placed = d.backend.settle_premade(&owned, &orphans).await?;
+    tracing::info!(
+        placed,
+        discarded = orphans.len(),
+        "settled the directories an earlier run made ahead"
+    );
+    Ok(placed)
+}
+
 /// Runs one sweep. Errors on single entries are logged and left for the
 /// next round; only a failing store read ends the sweep early.
 pub async fn sweep(d: &Driver) -> CsiResult<Report> {

@@ -341,6 +341,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
             work(driver.clone()).await?;
         }
         if driver.config.mode.controller() {
+            crate::housekeeping::settle_premade(&driver).await?;
             crate::housekeeping::promote_created(&driver).await?;
         }
     }
@@ -434,6 +435,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
                 if let Some(work) = work {
                     work(d.clone()).await?;
                 }
+                crate::housekeeping::settle_premade(&d).await?;
                 crate::housekeeping::promote_created(&d).await?;
                 start_controller_background(&args, &d, &stop).await?;
                 d.leading.store(true, std::sync::atomic::Ordering::Release);

@@ -327,3 +327,73 @@ async fn a_loop_device_over_a_deleted_volume_file_is_detached() {
         "a device outside the volumes dir was detached"
     );
 }
+
+fn pooled(state_dir: &Path) -> BTreeSet<String> {
+    ["a", "b"]
+        .iter()
+        .flat_map(|h| entries(&state_dir.join("pool").join(h)))
+        .collect()
+}
+
+// An empty directory volume takes a directory made ahead in the pool and
+// moves it into place with no sync of its own. A power cut that undoes the
+// move keeps the record: start-up moves it into place again. Any other
+// entry left in the pool is discarded, never handed out, since it may be
+// a deleted volume's directory, data and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_premade_directory_a_power_cut_left_in_the_pool_is_put_back() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut d = Driver::start(&[]).await;
+    let volumes = d.state_dir.join("volumes");
+    // The first create starts the pool.
+    d.controller()
+        .create_volume(create("first", MIB, snw()))
+        .await
+        .unwrap();
+    until("the pool to fill", || pooled(&d.state_dir).len() >= 32).await;
+    let before = pooled(&d.state_dir);
+    let id = d
+        .controller()
+        .create_volume(create("premade", MIB, snw()))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    assert!(before.contains(&id), "{id} was not taken from the pool");
+    assert!(!pooled(&d.state_dir).contains(&id));
+    let meta = fs::metadata(volumes.join(&id)).unwrap();
+    assert!(meta.is_dir());
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o1777);
+    d.crash();
+
+    // The move lost, and a deleted volume's directory back in the pool
+    // with its data.
+    fs::rename(volumes.join(&id), d.state_dir.join("pool/a").join(&id)).unwrap();
+    let stale = "vol-0123456789abcdef0123456789abcdef";
+    fs::create_dir(d.state_dir.join("pool/b").join(stale)).unwrap();
+    fs::write(d.state_dir.join("pool/b").join(stale).join("secret"), b"x").unwrap();
+    d.start_again().await;
+    assert!(volumes.join(&id).is_dir(), "the volume's directory is back");
+    let left = pooled(&d.state_dir);
+    assert!(!left.contains(&id) && !left.contains(stale), "{left:?}");
+    assert!(listed(&d).await.contains(&id));
+    // Nothing of the pool is left for the filler to hand out again.
+    for i in 0..40 {
+        let v = d
+            .controller()
+            .create_volume(create(&format!("again-{i}"), MIB, snw()))
+            .await
+            .unwrap()
+            .into_inner()
+            .volume
+            .unwrap()
+            .volume_id;
+        assert_ne!(v, stale);
+        assert!(fs::read_dir(volumes.join(&v)).unwrap().next().is_none());
+    }
+    let log = d.log();
+    assert!(log.contains("moved into place"), "{log}");
+    assert!(log.contains("settled the directories"), "{log}");
+}

@@ -8,6 +8,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::backend::dir_pool::{self, DirPool};
 use crate::backend::dir_sync::DirSync;
 use crate::backend::trash::{remove_any, Trash};
 use crate::backend::{
@@ -28,6 +29,10 @@ pub struct LocalBackend {
     volumes: std::sync::Arc<DirSync>,
     snapshots: std::sync::Arc<DirSync>,
     trash: std::sync::Arc<Trash>,
+    /// Empty directory volumes made ahead of their creates.
+    pool: std::sync::Arc<DirPool>,
+    /// What an earlier run left in the pool, until start-up settles it.
+    pool_leftovers: std::sync::Mutex<Vec<String>>,
     node_id: String,
     peer_nodes: Vec<String>,
     capacity: Option<u64>,
@@ -133,6 +138,14 @@ fn create_atomically(
     parent.sync()
 }
 
+fn same_inode(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::symlink_metadata(a), fs::symlink_metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 /// Bytes a file or directory tree takes on disk.
 fn allocated(path: &Path) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
@@ -163,7 +176,7 @@ fn sparse_file(path: &Path, size: u64) -> io::Result<()> {
     f.sync_all()
 }
 
-fn world_writable_dir(path: &Path) -> io::Result<()> {
+pub(super) fn world_writable_dir(path: &Path) -> io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     fs::create_dir(path)?;
     // Pods run as arbitrary uids; like other local-volume drivers the volume
@@ -186,10 +199,15 @@ impl LocalBackend {
         let trash_dir = state_dir.join("trash");
         let trash = Trash::open(trash_dir.clone())
             .map_err(|e| CsiError::io("create directory", &trash_dir, e))?;
+        let pool_dir = state_dir.join("pool");
+        let (pool, pool_leftovers) = DirPool::open(pool_dir.clone())
+            .map_err(|e| CsiError::io("open the directory pool", &pool_dir, e))?;
         Ok(LocalBackend {
             volumes: std::sync::Arc::new(DirSync::new(&volumes)),
             snapshots: std::sync::Arc::new(DirSync::new(&snapshots)),
             trash: std::sync::Arc::new(trash),
+            pool: std::sync::Arc::new(pool),
+            pool_leftovers: std::sync::Mutex::new(pool_leftovers),
             node_id: node_id.to_string(),
             peer_nodes: peer_nodes.to_vec(),
             capacity,
@@ -315,7 +333,7 @@ impl Backend for LocalBackend {
         let backing = decide_backing(caps, params.backing)?;
         let topology = requested_topology(self.volume_topology(), req)?;
         Ok(Placement {
-            id: format!("vol-{}", uuid::Uuid::new_v4().simple()),
+            id: dir_pool::new_volume_id(),
             backing,
             topology,
             context: BTreeMap::new(),
@@ -334,7 +352,20 @@ impl Backend for LocalBackend {
         let size = vol.capacity_bytes;
         let backing = vol.backing.clone();
         let parent = self.volumes.clone();
+        let pool = self.pool.clone();
+        let id = vol.id.clone();
         blocking(move || {
+            // An empty directory made ahead (`premade`): its durable record
+            // stands for the rename, which start-up redoes if a power cut
+            // undid it (`settle_premade`).
+            if matches!((&backing, &src), (Backing::Directory, None))
+                && !dst.exists()
+                && pool
+                    .place(&id, &dst)
+                    .map_err(|e| CsiError::io("move into place", &dst, e))?
+            {
+                return Ok(());
+            }
             create_atomically(&parent, &dst, |tmp| match (&backing, &src) {
                 (Backing::Member { .. }, _) => Err(io::Error::other("not a local volume")),
                 (Backing::Directory, None) => world_writable_dir(tmp),
@@ -350,6 +381,69 @@ impl Backend for LocalBackend {
                     Ok(())
                 }
             })
+        })
+        .await
+    }
+
+    fn premade(&self, backing: &Backing) -> Option<String> {
+        match backing {
+            Backing::Directory => self.pool.take(),
+            Backing::BlockFile { .. } | Backing::Member { .. } => None,
+        }
+    }
+
+    fn premade_leftovers(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .pool_leftovers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    async fn settle_premade(&self, owned: &[String], orphans: &[String]) -> CsiResult<usize> {
+        let (owned, orphans) = (owned.to_vec(), orphans.to_vec());
+        let (pool, volumes, trash) = (self.pool.clone(), self.volumes.clone(), self.trash.clone());
+        blocking(move || {
+            let mut placed = 0;
+            for id in &owned {
+                let dst = data_path(volumes.dir(), id, &Backing::Directory)?;
+                let Some(entry) = pool.entry(id) else {
+                    continue;
+                };
+                if dst.exists() {
+                    if same_inode(&entry, &dst) {
+                        // Both names of one directory (a rename cut short on a
+                        // filesystem without a journal): left for fsck.
+                        tracing::warn!(pooled = %entry.display(), volume = %dst.display(), "a pooled directory is also the volume's; left alone");
+                    } else {
+                        trash
+                            .discard(&entry)
+                            .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
+                    }
+                    continue;
+                }
+                if pool
+                    .place(id, &dst)
+                    .map_err(|e| CsiError::io("move into place", &dst, e))?
+                {
+                    tracing::warn!(volume_id = %id, "a created volume's directory was still in the pool after a restart; moved into place");
+                    placed += 1;
+                }
+            }
+            if placed > 0 {
+                volumes.sync()?;
+            }
+            for id in &orphans {
+                // Never handed out again: it may hold a deleted volume's data.
+                let Some(entry) = pool.entry(id) else {
+                    continue;
+                };
+                trash
+                    .discard(&entry)
+                    .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
+            }
+            Ok(placed)
         })
         .await
     }

@@ -7,6 +7,7 @@
 //! keyed by the driver's own record ids, so a retry after a timeout, a crash
 //! or a cancelled RPC converges on the same result without duplicates.
 
+pub mod dir_pool;
 pub mod dir_sync;
 pub mod local;
 pub mod sparse_copy;
@@ -190,6 +191,26 @@ pub trait Backend: Send + Sync + 'static {
     /// Allocates the volume's storage (with initial content). Idempotent: a
     /// retry after a partial attempt completes it.
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()>;
+
+    /// The id of storage made ahead for a new `backing` volume with no
+    /// content source, already durable (see `dir_pool`): the new volume
+    /// takes that id, and `create_volume` then only puts it in place.
+    /// `None` when the backend keeps none or has none ready.
+    fn premade(&self, _backing: &Backing) -> Option<String> {
+        None
+    }
+
+    /// Ids of premade storage an earlier run left, once, at start-up.
+    fn premade_leftovers(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Settles `premade_leftovers` before any call: `owned` (a record has
+    /// each) are put in place, as their create would have; the rest are
+    /// discarded. Returns how many were put in place.
+    async fn settle_premade(&self, _owned: &[String], _orphans: &[String]) -> CsiResult<usize> {
+        Ok(0)
+    }
 
     /// Whether the volume's storage is completely there, as `create_volume`
     /// leaves it (a witness of a finished create whose `Ready` commit a

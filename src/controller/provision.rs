@@ -169,11 +169,11 @@ pub async fn create_volume(
         source: &source,
     };
     // Decided once: a record logged without its sync must get it below.
-    let overlap = overlap_syncs(&placement.backing);
-    let vol = match d.store.volume_by_name(&name)? {
+    let alone = overlap_syncs(&placement.backing);
+    let (vol, overlap) = match d.store.volume_by_name(&name)? {
         Some(existing) => match state::create_repeat(&existing, &request)? {
             Repeat::Created => return Ok(reply(&existing)),
-            Repeat::Resume => existing,
+            Repeat::Resume => (existing, alone),
         },
         None => {
             let floor = match &placement.backing {
@@ -202,8 +202,15 @@ pub async fn create_volume(
                 )));
             }
             let (secs, _) = now();
+            // Storage made ahead needs no sync of its own: the record's
+            // durable commit is all this create waits for.
+            let premade = match source {
+                None => d.backend.premade(&placement.backing),
+                Some(_) => None,
+            };
+            let overlap = alone && premade.is_none();
             let vol = state::provisioning(NewVolume {
-                id: placement.id,
+                id: premade.unwrap_or(placement.id),
                 name: name.clone(),
                 capacity_bytes: size,
                 backing: placement.backing,
@@ -221,7 +228,7 @@ pub async fn create_volume(
             } else {
                 d.put_volume(&vol).await?;
             }
-            vol
+            (vol, overlap)
         }
     };
 
