@@ -78,27 +78,42 @@ pub async fn promote_created(d: &Driver) -> CsiResult<usize> {
 /// At start-up, before any call and before `promote_created`: storage made
 /// ahead that an earlier run left (see `backend::dir_pool`). An entry a
 /// volume record owns was taken by a create whose move into place a power
-/// cut undid: it goes into place again. The rest are discarded. Returns
-/// how many were put in place.
+/// cut undid: it goes into place again before any call can need it. The
+/// rest are discarded in the background (no create can take them: the
+/// pool hands out only what it makes), off the way to Probe ready.
+/// Returns how many were put in place.
 pub async fn settle_premade(d: &Driver) -> CsiResult<usize> {
     let leftovers = d.backend.premade_leftovers();
     if leftovers.is_empty() {
         return Ok(0);
     }
-    let (mut owned, mut orphans) = (Vec::new(), Vec::new());
-    for id in leftovers {
-        let key = id.clone();
-        match d.db(move |s| s.volume(&key)).await? {
-            Some(_) => owned.push(id),
-            None => orphans.push(id),
+    // One store read for all: each is a lookup in cached pages. A failed
+    // read fails start-up rather than taking an owned entry for an orphan.
+    let (owned, orphans) = d
+        .db(move |s| {
+            let (mut owned, mut orphans) = (Vec::new(), Vec::new());
+            for id in leftovers {
+                match s.volume(&id)? {
+                    Some(_) => owned.push(id),
+                    None => orphans.push(id),
+                }
+            }
+            Ok((owned, orphans))
+        })
+        .await?;
+    let placed = d.backend.settle_premade(&owned, &[]).await?;
+    let backend = d.backend.clone();
+    tokio::spawn(async move {
+        match backend.settle_premade(&[], &orphans).await {
+            Ok(_) => tracing::info!(
+                discarded = orphans.len(),
+                "discarded the directories an earlier run made ahead"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot discard the directories an earlier run made ahead; the next start tries again")
+            }
         }
-    }
-    let placed = d.backend.settle_premade(&owned, &orphans).await?;
-    tracing::info!(
-        placed,
-        discarded = orphans.len(),
-        "settled the directories an earlier run made ahead"
-    );
+    });
     Ok(placed)
 }
 
