@@ -2,8 +2,9 @@
 //!
 //! An empty directory volume used to cost its CreateVolume a `mkdir`, a
 //! rename into `volumes/` and an fsync of `volumes/` before the reply: more
-//! than the record's own log sync, and the `mkdir` grows with the number of
-//! volumes (ext4 scans past recently freed inodes). A background thread now
+//! than the record's own log sync, and on ext4 without a journal the
+//! `mkdir` costs more the more inodes were freed in the last minute (it
+//! skips each, reading its deletion time). A background thread now
 //! keeps a few such directories in `pool/`, each named by the volume id it
 //! will serve and made durable there, many per fsync. A create takes one:
 //! the id becomes the new volume's, its record is committed durably, and
@@ -18,11 +19,11 @@
 //! filler is not working in, since its `mkdir` and fsync hold their
 //! directory's lock, which a rename out of it would wait for.
 //!
-//! A power cut can undo that rename but not the record. At start-up, before
-//! any call, every entry left in `pool/` is settled: one a record owns goes
-//! into place again; any other is discarded, never handed out, since it
-//! may be the directory of a volume deleted after its rename was undone,
-//! data and all.
+//! A power cut can undo that rename but not the record. At start-up every
+//! entry left in `pool/` is settled: one a record owns goes into place
+//! again before any call; any other is discarded (in the background),
+//! never handed out, since it may be the directory of a volume deleted
+//! after its rename was undone, data and all.
 
 use std::fs;
 use std::io;
