@@ -70,18 +70,22 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_creates_cut_deletes_and_orphaned_data_are_cleaned_up() {
-    let mut d = Driver::start(&["--stale-provisioning-after", "600"]).await;
-    let keep = d
-        .controller()
-        .create_volume(create("keep", MIB, snw()))
+/// Creates a 1 MiB mount volume named `name` and returns its id.
+async fn create_id(d: &Driver, name: &str) -> String {
+    d.controller()
+        .create_volume(create(name, MIB, snw()))
         .await
         .unwrap()
         .into_inner()
         .volume
         .unwrap()
-        .volume_id;
+        .volume_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_creates_cut_deletes_and_orphaned_data_are_cleaned_up() {
+    let mut d = Driver::start(&["--stale-provisioning-after", "600"]).await;
+    let keep = create_id(&d, "keep").await;
     d.stop_gracefully().await;
 
     // What crashes leave: records of creates and deletes cut short, and
@@ -233,15 +237,7 @@ async fn an_undecodable_record_does_not_stop_start_up() {
     let mut d = Driver::start(&[]).await;
     let mut ids = Vec::new();
     for name in ["bad", "good"] {
-        let id = d
-            .controller()
-            .create_volume(create(name, MIB, snw()))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+        let id = create_id(&d, name).await;
         // Attached here, so the node's start-up reconciliation reads it.
         d.controller()
             .controller_publish_volume(csi::ControllerPublishVolumeRequest {
@@ -352,15 +348,7 @@ async fn a_premade_directory_a_power_cut_left_in_the_pool_is_put_back() {
         .unwrap();
     until("the pool to fill", || pooled(&d.state_dir).len() >= 32).await;
     let before = pooled(&d.state_dir);
-    let id = d
-        .controller()
-        .create_volume(create("premade", MIB, snw()))
-        .await
-        .unwrap()
-        .into_inner()
-        .volume
-        .unwrap()
-        .volume_id;
+    let id = create_id(&d, "premade").await;
     assert!(before.contains(&id), "{id} was not taken from the pool");
     assert!(!pooled(&d.state_dir).contains(&id));
     let meta = fs::metadata(volumes.join(&id)).unwrap();
@@ -384,15 +372,7 @@ async fn a_premade_directory_a_power_cut_left_in_the_pool_is_put_back() {
     assert!(listed(&d).await.contains(&id));
     // Nothing of the pool is left for the filler to hand out again.
     for i in 0..40 {
-        let v = d
-            .controller()
-            .create_volume(create(&format!("again-{i}"), MIB, snw()))
-            .await
-            .unwrap()
-            .into_inner()
-            .volume
-            .unwrap()
-            .volume_id;
+        let v = create_id(&d, &format!("again-{i}")).await;
         assert_ne!(v, stale);
         assert!(fs::read_dir(volumes.join(&v)).unwrap().next().is_none());
     }
