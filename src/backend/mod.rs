@@ -205,9 +205,9 @@ pub trait Backend: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Settles `premade_leftovers` before any call: `owned` (a record has
-    /// each) are put in place, as their create would have; the rest are
-    /// discarded. Returns how many were put in place.
+    /// Settles `premade_leftovers`: `owned` (a record has each) are put in
+    /// place, as their create would have (at start-up, before any call);
+    /// `orphans` are discarded. Returns how many were put in place.
     async fn settle_premade(&self, _owned: &[String], _orphans: &[String]) -> CsiResult<usize> {
         Ok(0)
     }

@@ -203,7 +203,9 @@ pub async fn create_volume(
             }
             let (secs, _) = now();
             // Storage made ahead needs no sync of its own: the record's
-            // durable commit is all this create waits for.
+            // durable commit is all this create waits for. (If that commit
+            // fails, the directory stays in the pool's, unowned, and the
+            // next start discards it.)
             let premade = match source {
                 None => d.backend.premade(&placement.backing),
                 Some(_) => None,
