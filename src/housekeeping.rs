@@ -101,11 +101,11 @@ pub async fn settle_premade(d: &Driver) -> CsiResult<usize> {
             Ok((owned, orphans))
         })
         .await?;
-    let placed = d.backend.settle_premade(&owned, &[]).await?;
+    let placed = d.backend.restore_premade(&owned).await?;
     let backend = d.backend.clone();
     tokio::spawn(async move {
-        match backend.settle_premade(&[], &orphans).await {
-            Ok(_) => tracing::info!(
+        match backend.discard_premade(&orphans).await {
+            Ok(()) => tracing::info!(
                 discarded = orphans.len(),
                 "discarded the directories an earlier run made ahead"
             ),

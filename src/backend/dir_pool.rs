@@ -25,6 +25,7 @@
 //! never handed out, since it may be the directory of a volume deleted
 //! after its rename was undone, data and all.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -54,6 +55,8 @@ pub struct DirPool {
     /// The filler's end of the hand-over, until the filler starts.
     sender: Mutex<Option<Sender<Batch>>>,
     filler: Mutex<Option<JoinHandle<()>>>,
+    /// What an earlier run left, until start-up settles it.
+    leftovers: Mutex<Vec<String>>,
 }
 
 /// Durable directories the filler hands over: their half and their ids.
@@ -62,6 +65,9 @@ type Batch = (usize, Vec<String>);
 struct Takers {
     batches: Receiver<Batch>,
     ready: [Vec<String>; 2],
+    /// Taken and not yet placed, with their half: `place` renames from
+    /// there, and an id the pool never handed out costs it no rename.
+    taken: HashMap<String, usize>,
 }
 
 struct Shared {
@@ -89,10 +95,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl DirPool {
-    /// Opens the pool at `dir` (made if missing) and returns the ids of the
-    /// entries an earlier run left there, for `settle`-ing before any
-    /// create. Nothing is handed out until the first `take`.
-    pub fn open(dir: PathBuf) -> io::Result<(DirPool, Vec<String>)> {
+    /// Opens the pool at `dir` (made if missing), noting the entries an
+    /// earlier run left there (`leftovers`). Nothing is handed out until
+    /// the first `take`.
+    pub fn open(dir: PathBuf) -> io::Result<DirPool> {
         let halves = HALVES.map(|h| dir.join(h));
         for half in &halves {
             make_durable_dir(half)?;
@@ -123,11 +129,19 @@ impl DirPool {
             takers: Mutex::new(Takers {
                 batches,
                 ready: [Vec::new(), Vec::new()],
+                taken: HashMap::new(),
             }),
             sender: Mutex::new(Some(sender)),
             filler: Mutex::new(None),
+            leftovers: Mutex::new(leftovers),
         };
-        Ok((pool, leftovers))
+        Ok(pool)
+    }
+
+    /// The ids of the entries an earlier run left, once: start-up settles
+    /// them before any create, and the pool never hands them out.
+    pub fn leftovers(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.leftovers))
     }
 
     pub fn dir(&self) -> &Path {
@@ -154,6 +168,9 @@ impl DirPool {
         let taken = order
             .iter()
             .find_map(|&h| takers.ready[h].pop().map(|id| (h, id)));
+        if let Some((half, id)) = &taken {
+            takers.taken.insert(id.clone(), *half);
+        }
         drop(takers);
         if let Some((half, _)) = &taken {
             self.shared.ready[*half].fetch_sub(1, Ordering::AcqRel);
@@ -166,21 +183,17 @@ impl DirPool {
         taken.map(|(_, id)| id)
     }
 
-    /// Moves entry `id` to `dst`, on the same filesystem, without a sync
-    /// (the caller's durable record stands for it: see `settle`). `false`
-    /// when there is no such entry.
+    /// Moves the entry `take` handed out as `id` to `dst`, on the same
+    /// filesystem, without a sync (the caller's durable record stands for
+    /// it; start-up redoes a rename a power cut undid). `false`, with no
+    /// filesystem work, when `id` is not one taken and still unplaced.
     pub fn place(&self, id: &str, dst: &Path) -> io::Result<bool> {
-        if !is_entry_name(id) {
+        let Some(half) = lock(&self.takers).taken.get(id).copied() else {
             return Ok(false);
-        }
-        for half in &self.shared.halves {
-            match fs::rename(half.join(id), dst) {
-                Ok(()) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(false)
+        };
+        fs::rename(self.shared.halves[half].join(id), dst)?;
+        lock(&self.takers).taken.remove(id);
+        Ok(true)
     }
 
     /// Where entry `id` is, if it is in the pool.
@@ -351,8 +364,8 @@ mod tests {
     #[test]
     fn takes_hand_out_distinct_durable_world_writable_directories_and_place_moves_them() {
         let tmp = tempfile::tempdir().unwrap();
-        let (pool, leftovers) = DirPool::open(tmp.path().join("pool")).unwrap();
-        assert!(leftovers.is_empty());
+        let pool = DirPool::open(tmp.path().join("pool")).unwrap();
+        assert!(pool.leftovers().is_empty());
         // Nothing is made before the first take.
         assert_eq!(on_disk(pool.dir()), 0);
         // The first take starts the filler (and may find nothing yet).
@@ -383,13 +396,18 @@ mod tests {
         assert!(dst.is_dir());
         assert!(!pool.place(&id, &dst).unwrap(), "a placed entry is gone");
         assert!(!pool.place("../escape", &dst).unwrap());
+        // An entry that is there but was not handed out is not placed.
+        let untaken = new_volume_id();
+        fs::create_dir(pool.shared.halves[0].join(&untaken)).unwrap();
+        assert!(!pool.place(&untaken, &tmp.path().join("other")).unwrap());
+        assert!(pool.entry(&untaken).is_some());
     }
 
     #[test]
     fn a_reopened_pool_reports_what_was_left_and_drop_stops_the_filler() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("pool");
-        let (pool, _) = DirPool::open(dir.clone()).unwrap();
+        let pool = DirPool::open(dir.clone()).unwrap();
         pool.take();
         wait_ready(&pool, 2 * HALF);
         drop(pool);
@@ -399,9 +417,11 @@ mod tests {
             "dropping the pool stopped its filler"
         );
         fs::create_dir(dir.join("a").join("not-ours")).unwrap();
-        let (pool, leftovers) = DirPool::open(dir.clone()).unwrap();
+        let pool = DirPool::open(dir.clone()).unwrap();
+        let leftovers = pool.leftovers();
         assert_eq!(leftovers.len(), 2 * HALF);
         assert!(leftovers.iter().all(|id| is_entry_name(id)));
+        assert!(pool.leftovers().is_empty(), "reported once");
         assert_eq!(pool.ready(), 0, "leftovers are never handed out");
     }
 
@@ -409,7 +429,7 @@ mod tests {
     fn a_failing_batch_leaves_the_pool_empty_and_creates_fall_back() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("pool");
-        let (pool, _) = DirPool::open(dir.clone()).unwrap();
+        let pool = DirPool::open(dir.clone()).unwrap();
         // The directory is gone: every batch fails.
         fs::remove_dir_all(&dir).unwrap();
         for _ in 0..5 {

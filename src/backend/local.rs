@@ -31,8 +31,6 @@ pub struct LocalBackend {
     trash: std::sync::Arc<Trash>,
     /// Empty directory volumes made ahead of their creates.
     pool: std::sync::Arc<DirPool>,
-    /// What an earlier run left in the pool, until start-up settles it.
-    pool_leftovers: std::sync::Mutex<Vec<String>>,
     node_id: String,
     peer_nodes: Vec<String>,
     capacity: Option<u64>,
@@ -200,14 +198,13 @@ impl LocalBackend {
         let trash = Trash::open(trash_dir.clone())
             .map_err(|e| CsiError::io("create directory", &trash_dir, e))?;
         let pool_dir = state_dir.join("pool");
-        let (pool, pool_leftovers) = DirPool::open(pool_dir.clone())
+        let pool = DirPool::open(pool_dir.clone())
             .map_err(|e| CsiError::io("open the directory pool", &pool_dir, e))?;
         Ok(LocalBackend {
             volumes: std::sync::Arc::new(DirSync::new(&volumes)),
             snapshots: std::sync::Arc::new(DirSync::new(&snapshots)),
             trash: std::sync::Arc::new(trash),
             pool: std::sync::Arc::new(pool),
-            pool_leftovers: std::sync::Mutex::new(pool_leftovers),
             node_id: node_id.to_string(),
             peer_nodes: peer_nodes.to_vec(),
             capacity,
@@ -357,9 +354,8 @@ impl Backend for LocalBackend {
         blocking(move || {
             // An empty directory made ahead (`premade`): its durable record
             // stands for the rename, which start-up redoes if a power cut
-            // undid it (`settle_premade`).
+            // undid it (`restore_premade`).
             if matches!((&backing, &src), (Backing::Directory, None))
-                && !dst.exists()
                 && pool
                     .place(&id, &dst)
                     .map_err(|e| CsiError::io("move into place", &dst, e))?
@@ -393,16 +389,11 @@ impl Backend for LocalBackend {
     }
 
     fn premade_leftovers(&self) -> Vec<String> {
-        std::mem::take(
-            &mut *self
-                .pool_leftovers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
+        self.pool.leftovers()
     }
 
-    async fn settle_premade(&self, owned: &[String], orphans: &[String]) -> CsiResult<usize> {
-        let (owned, orphans) = (owned.to_vec(), orphans.to_vec());
+    async fn restore_premade(&self, owned: &[String]) -> CsiResult<usize> {
+        let owned = owned.to_vec();
         let (pool, volumes, trash) = (self.pool.clone(), self.volumes.clone(), self.trash.clone());
         blocking(move || {
             let mut placed = 0;
@@ -411,39 +402,42 @@ impl Backend for LocalBackend {
                 let Some(entry) = pool.entry(id) else {
                     continue;
                 };
-                if dst.exists() {
-                    if same_inode(&entry, &dst) {
-                        // Both names of one directory (a rename cut short on a
-                        // filesystem without a journal): left for fsck.
-                        tracing::warn!(pooled = %entry.display(), volume = %dst.display(), "a pooled directory is also the volume's; left alone");
-                    } else {
-                        trash
-                            .discard(&entry)
-                            .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
-                    }
-                    continue;
-                }
-                if pool
-                    .place(id, &dst)
-                    .map_err(|e| CsiError::io("move into place", &dst, e))?
-                {
+                if !dst.exists() {
+                    fs::rename(&entry, &dst)
+                        .map_err(|e| CsiError::io("move into place", &dst, e))?;
                     tracing::warn!(volume_id = %id, "a created volume's directory was still in the pool after a restart; moved into place");
                     placed += 1;
+                } else if same_inode(&entry, &dst) {
+                    // Both names of one directory (a rename cut short on a
+                    // filesystem without a journal): left for fsck.
+                    tracing::warn!(pooled = %entry.display(), volume = %dst.display(), "a pooled directory is also the volume's; left alone");
+                } else {
+                    trash
+                        .discard(&entry)
+                        .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
                 }
             }
             if placed > 0 {
                 volumes.sync()?;
             }
+            Ok(placed)
+        })
+        .await
+    }
+
+    async fn discard_premade(&self, orphans: &[String]) -> CsiResult<()> {
+        let orphans = orphans.to_vec();
+        let (pool, trash) = (self.pool.clone(), self.trash.clone());
+        blocking(move || {
             for id in &orphans {
                 // Never handed out again: it may hold a deleted volume's data.
-                let Some(entry) = pool.entry(id) else {
-                    continue;
-                };
-                trash
-                    .discard(&entry)
-                    .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
+                if let Some(entry) = pool.entry(id) {
+                    trash
+                        .discard(&entry)
+                        .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
+                }
             }
-            Ok(placed)
+            Ok(())
         })
         .await
     }
@@ -653,6 +647,80 @@ mod tests {
         let placed = b.place("v", &VolumeParams::default(), &[], None).unwrap();
         assert!(placed.id.starts_with("vol-"));
         assert_eq!(placed.backing, Backing::Directory);
+    }
+
+    // A premade create only renames: no directory sync of its own. What
+    // an earlier run left in the pool goes into place (a lost rename), is
+    // discarded when the volume's directory is there apart from it, or is
+    // discarded as unowned, data and all.
+    #[tokio::test]
+    async fn premade_directories_are_placed_without_a_sync_and_leftovers_settled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (lost, apart, unowned) = (
+            dir_pool::new_volume_id(),
+            dir_pool::new_volume_id(),
+            dir_pool::new_volume_id(),
+        );
+        let pooled = tmp.path().join("pool/a");
+        fs::create_dir_all(&pooled).unwrap();
+        for id in [&lost, &apart, &unowned] {
+            fs::create_dir(pooled.join(id)).unwrap();
+        }
+        fs::write(pooled.join(&unowned).join("secret"), b"x").unwrap();
+        let volumes = tmp.path().join("volumes");
+        fs::create_dir_all(volumes.join(&apart)).unwrap();
+        fs::write(volumes.join(&apart).join("data"), b"kept").unwrap();
+
+        let b = LocalBackend::new(tmp.path(), "n1", &[], Some(1 << 30)).unwrap();
+        let mut left = b.premade_leftovers();
+        left.sort();
+        let mut expect = vec![lost.clone(), apart.clone(), unowned.clone()];
+        expect.sort();
+        assert_eq!(left, expect);
+        assert!(b.premade_leftovers().is_empty(), "handed over once");
+        let placed = b
+            .restore_premade(&[lost.clone(), apart.clone()])
+            .await
+            .unwrap();
+        assert_eq!(placed, 1);
+        assert!(volumes.join(&lost).is_dir());
+        assert_eq!(
+            fs::read(volumes.join(&apart).join("data")).unwrap(),
+            b"kept"
+        );
+        assert!(b.pool.entry(&lost).is_none() && b.pool.entry(&apart).is_none());
+        b.discard_premade(std::slice::from_ref(&unowned))
+            .await
+            .unwrap();
+        assert!(b.pool.entry(&unowned).is_none());
+
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let id = loop {
+            if let Some(id) = b.premade(&Backing::Directory) {
+                break id;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no premade directory in 10 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let syncs = b.volumes.syncs();
+        b.create_volume(&crate::volume::sample(&id, "premade"), None)
+            .await
+            .unwrap();
+        assert!(volumes.join(&id).is_dir());
+        assert!(b.pool.entry(&id).is_none());
+        assert_eq!(
+            b.volumes.syncs(),
+            syncs,
+            "a premade create syncs no directory"
+        );
+        // Another create makes its own directory and syncs it.
+        b.create_volume(&crate::volume::sample("vol-own", "own"), None)
+            .await
+            .unwrap();
+        assert_eq!(b.volumes.syncs(), syncs + 1);
     }
 
     #[test]

@@ -205,11 +205,16 @@ pub trait Backend: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Settles `premade_leftovers`: `owned` (a record has each) are put in
-    /// place, as their create would have (at start-up, before any call);
-    /// `orphans` are discarded. Returns how many were put in place.
-    async fn settle_premade(&self, _owned: &[String], _orphans: &[String]) -> CsiResult<usize> {
+    /// Puts in place the `premade_leftovers` a record owns, as their
+    /// create would have (at start-up, before any call). Returns how many
+    /// it moved.
+    async fn restore_premade(&self, _owned: &[String]) -> CsiResult<usize> {
         Ok(0)
+    }
+
+    /// Discards `premade_leftovers` no record owns.
+    async fn discard_premade(&self, _orphans: &[String]) -> CsiResult<()> {
+        Ok(())
     }
 
     /// Whether the volume's storage is completely there, as `create_volume`
