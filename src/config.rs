@@ -247,4 +247,24 @@ impl DriverConfig {
         }
         t
     }
+
+    /// A controller of the default driver name on node `node_id` in
+    /// `state_dir`, with `capacity` bytes, no limits and no mutable
+    /// parameters (tests adjust the rest).
+    #[cfg(test)]
+    pub fn for_tests(state_dir: &std::path::Path, node_id: &str, capacity: u64) -> Self {
+        DriverConfig {
+            driver_name: "relay.csi.dev".into(),
+            node_id: node_id.into(),
+            mode: Mode::Controller,
+            max_volumes_per_node: 0,
+            capacity,
+            max_volume_size: capacity,
+            mutable_parameters: Default::default(),
+            state_dir: state_dir.to_path_buf(),
+            node_member: None,
+            stale_provisioning_after: std::time::Duration::from_secs(3600),
+            csi_spec: SpecVersion::V1_12,
+        }
+    }
 }

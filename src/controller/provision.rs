@@ -418,7 +418,7 @@ mod tests {
     use std::sync::Arc;
 
     use crate::backend::local::LocalBackend;
-    use crate::config::{DriverConfig, Mode, SpecVersion};
+    use crate::config::{DriverConfig, Mode};
     use crate::store::Store;
 
     thread_local! {
@@ -431,17 +431,8 @@ mod tests {
     fn local_driver(dir: &std::path::Path) -> Driver {
         let backend = LocalBackend::new(dir, "n1", &[], Some(1 << 30)).unwrap();
         let config = DriverConfig {
-            driver_name: "relay.csi.dev".into(),
-            node_id: "n1".into(),
             mode: Mode::All,
-            max_volumes_per_node: 0,
-            capacity: 1 << 30,
-            max_volume_size: 1 << 30,
-            mutable_parameters: Default::default(),
-            state_dir: dir.to_path_buf(),
-            node_member: None,
-            stale_provisioning_after: std::time::Duration::from_secs(3600),
-            csi_spec: SpecVersion::V1_12,
+            ..DriverConfig::for_tests(dir, "n1", 1 << 30)
         };
         Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend))
     }

@@ -27,19 +27,7 @@ fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
     let (host, host_api) = testing::host();
     let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
         .with_virtual_nodes(crate::registrar::NodeSelector::default());
-    let config = DriverConfig {
-        driver_name: "relay.csi.dev".into(),
-        node_id: "ctrl".into(),
-        mode: Mode::Controller,
-        max_volumes_per_node: 0,
-        capacity: i64::MAX as u64,
-        max_volume_size: i64::MAX as u64,
-        mutable_parameters: Default::default(),
-        state_dir: dir.to_path_buf(),
-        node_member: None,
-        stale_provisioning_after: std::time::Duration::from_secs(3600),
-        csi_spec: crate::config::SpecVersion::V1_12,
-    };
+    let config = DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
     let d =
         Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend)).with_observer(Arc::new(
             RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl")),

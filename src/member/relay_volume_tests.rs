@@ -214,19 +214,7 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
     let (east, _member_api) = testing::member("east");
     let (host, mut api) = testing::host();
     let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev");
-    let config = DriverConfig {
-        driver_name: "relay.csi.dev".into(),
-        node_id: "ctrl".into(),
-        mode: crate::config::Mode::Controller,
-        max_volumes_per_node: 0,
-        capacity: u64::MAX,
-        max_volume_size: u64::MAX,
-        mutable_parameters: Default::default(),
-        state_dir: tmp.path().to_path_buf(),
-        node_member: None,
-        stale_provisioning_after: std::time::Duration::from_secs(3600),
-        csi_spec: crate::config::SpecVersion::V1_12,
-    };
+    let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
     let known = {
         let mut v = volume();
@@ -276,19 +264,7 @@ async fn a_host_without_the_crd_is_told_how_to_install_it() {
     let (east, _member_api) = testing::member("east");
     let (host, mut api) = testing::host();
     let backend = MemberBackend::new(vec![east], None, "relay.csi.dev");
-    let config = DriverConfig {
-        driver_name: "relay.csi.dev".into(),
-        node_id: "ctrl".into(),
-        mode: crate::config::Mode::Controller,
-        max_volumes_per_node: 0,
-        capacity: u64::MAX,
-        max_volume_size: u64::MAX,
-        mutable_parameters: Default::default(),
-        state_dir: tmp.path().to_path_buf(),
-        node_member: None,
-        stale_provisioning_after: std::time::Duration::from_secs(3600),
-        csi_spec: crate::config::SpecVersion::V1_12,
-    };
+    let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
     let (result, ()) = tokio::join!(rebuild(&host, &driver), async {
         api.expect("GET", RV).await.status(
