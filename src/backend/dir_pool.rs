@@ -144,17 +144,15 @@ impl DirPool {
         std::mem::take(&mut *lock(&self.leftovers))
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.shared.dir
-    }
-
     /// The id of a durable empty directory, now the caller's to `place`;
     /// `None` when none is ready (the caller makes its own).
     pub fn take(&self) -> Option<String> {
         if self.shared.closed.load(Ordering::Acquire) {
             return None;
         }
-        self.start_filler();
+        if self.shared.thread.get().is_none() {
+            self.start_filler();
+        }
         let mut takers = lock(&self.takers);
         while let Ok((half, ids)) = takers.batches.try_recv() {
             takers.ready[half].extend(ids);
@@ -209,11 +207,12 @@ impl DirPool {
     }
 
     /// Entries made and not yet taken.
-    pub fn ready(&self) -> usize {
+    #[cfg(test)]
+    fn ready(&self) -> usize {
         self.shared.total()
     }
 
-    /// Starts the filler, once.
+    /// Starts the filler, once (the first caller takes its sender).
     fn start_filler(&self) {
         let Some(sender) = lock(&self.sender).take() else {
             return;
@@ -367,7 +366,7 @@ mod tests {
         let pool = DirPool::open(tmp.path().join("pool")).unwrap();
         assert!(pool.leftovers().is_empty());
         // Nothing is made before the first take.
-        assert_eq!(on_disk(pool.dir()), 0);
+        assert_eq!(on_disk(&tmp.path().join("pool")), 0);
         // The first take starts the filler (and may find nothing yet).
         let first = pool.take();
         wait_ready(&pool, 2 * HALF);
