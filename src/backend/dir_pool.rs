@@ -184,14 +184,20 @@ impl DirPool {
     /// Moves the entry `take` handed out as `id` to `dst`, on the same
     /// filesystem, without a sync (the caller's durable record stands for
     /// it; start-up redoes a rename a power cut undid). `false`, with no
-    /// filesystem work, when `id` is not one taken and still unplaced.
+    /// filesystem work, when `id` is not one taken and still unplaced, and
+    /// when the entry is gone from under the pool (the caller then makes
+    /// its own, as for any create).
     pub fn place(&self, id: &str, dst: &Path) -> io::Result<bool> {
         let Some(half) = lock(&self.takers).taken.get(id).copied() else {
             return Ok(false);
         };
-        fs::rename(self.shared.halves[half].join(id), dst)?;
+        let placed = match fs::rename(self.shared.halves[half].join(id), dst) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+            Err(e) => return Err(e),
+        };
         lock(&self.takers).taken.remove(id);
-        Ok(true)
+        Ok(placed)
     }
 
     /// Where entry `id` is, if it is in the pool.
@@ -395,6 +401,17 @@ mod tests {
         assert!(dst.is_dir());
         assert!(!pool.place(&id, &dst).unwrap(), "a placed entry is gone");
         assert!(!pool.place("../escape", &dst).unwrap());
+        // A taken entry removed from under the pool is not placed, and
+        // not tried again; another fails as its rename does.
+        let mut more = seen.iter().skip(1).take(2).cloned();
+        let (gone, blocked) = (more.next().unwrap(), more.next().unwrap());
+        fs::remove_dir(pool.entry(&gone).unwrap()).unwrap();
+        assert!(!pool.place(&gone, &tmp.path().join("gone")).unwrap());
+        assert!(!pool.place(&gone, &tmp.path().join("gone")).unwrap());
+        let occupied = tmp.path().join("occupied");
+        fs::create_dir(&occupied).unwrap();
+        fs::write(occupied.join("f"), b"x").unwrap();
+        assert!(pool.place(&blocked, &occupied).is_err());
         // An entry that is there but was not handed out is not placed.
         let untaken = new_volume_id();
         fs::create_dir(pool.shared.halves[0].join(&untaken)).unwrap();
