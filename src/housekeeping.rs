@@ -291,7 +291,12 @@ async fn sweep_snapshot(d: &Driver, snap: Snapshot, report: &mut Report) {
 /// Removes `data` when no record owns it. A record is always committed
 /// before its data is created and removed after it is gone, so data whose
 /// record is absent (checked after the listing) can belong to no call.
+/// Owned data is passed over without taking its volume's turn: a sweep
+/// must not make a CO call on a live volume answer ABORTED.
 async fn reclaim(d: &Driver, data: StoredData, report: &mut Report) {
+    if !orphan(d, &data).await {
+        return;
+    }
     let key = match data.kind {
         DataKind::Volume => volume_key(&data.id),
         DataKind::Snapshot => snapshot_key(&data.id),
@@ -300,6 +305,24 @@ async fn reclaim(d: &Driver, data: StoredData, report: &mut Report) {
         report.busy += 1;
         return;
     };
+    // Again under the key: a call may have finished meanwhile.
+    if !orphan(d, &data).await {
+        return;
+    }
+    match d.backend.remove_data(&data).await {
+        Ok(()) => {
+            tracing::warn!(path = %data.path.display(), kind = ?data.kind, id = %data.id, "housekeeping: reclaimed data no record owns");
+            crate::observe::housekeeping("reclaimed_data");
+            report.reclaimed_data += 1;
+        }
+        Err(e) => {
+            tracing::warn!(path = %data.path.display(), error = %e, "housekeeping: cannot reclaim orphaned data")
+        }
+    }
+}
+
+/// Whether no record owns `data` (a failed lookup counts as owned).
+async fn orphan(d: &Driver, data: &StoredData) -> bool {
     let id = data.id.clone();
     let owner = match data.kind {
         DataKind::Volume => d
@@ -311,7 +334,7 @@ async fn reclaim(d: &Driver, data: StoredData, report: &mut Report) {
             .await
             .map(|s| s.map(|s| s.lifecycle)),
     };
-    let orphan = match owner {
+    match owner {
         Ok(None) => true,
         // A temporary copy of finished data is a leftover; one of an
         // unfinished create is still that create's (or expiry's) business.
@@ -320,19 +343,6 @@ async fn reclaim(d: &Driver, data: StoredData, report: &mut Report) {
         Err(e) => {
             tracing::warn!(id = %data.id, error = %e, "housekeeping: cannot look up the owner of stored data");
             false
-        }
-    };
-    if !orphan {
-        return;
-    }
-    match d.backend.remove_data(&data).await {
-        Ok(()) => {
-            tracing::warn!(path = %data.path.display(), kind = ?data.kind, id = %data.id, "housekeeping: reclaimed data no record owns");
-            crate::observe::housekeeping("reclaimed_data");
-            report.reclaimed_data += 1;
-        }
-        Err(e) => {
-            tracing::warn!(path = %data.path.display(), error = %e, "housekeeping: cannot reclaim orphaned data")
         }
     }
 }

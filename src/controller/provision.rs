@@ -496,6 +496,32 @@ mod tests {
         OVERLAP.with(|o| o.set(false));
     }
 
+    // A sweep lists every volume's data; one a record owns is passed over
+    // without taking its volume's turn, so a CO call on it that runs
+    // meanwhile is not refused ABORTED. An orphan is still reclaimed.
+    #[tokio::test]
+    async fn a_sweep_leaves_a_live_volume_free_for_calls_and_reclaims_an_orphan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = local_driver(tmp.path());
+        let live = create_volume(&d, request("pvc-live")).await.unwrap();
+        let id = live.volume.unwrap().volume_id;
+        let orphan = "vol-00000000000000000000000000000001";
+        std::fs::create_dir(tmp.path().join("volumes").join(orphan)).unwrap();
+
+        let call = d
+            .limiter
+            .try_acquire(&[crate::limiter::volume_key(&id)])
+            .unwrap();
+        let report = crate::housekeeping::sweep(&d).await.unwrap();
+        assert_eq!(
+            report.busy, 0,
+            "the sweep wanted the live volume: {report:?}"
+        );
+        assert_eq!(report.reclaimed_data, 1, "{report:?}");
+        assert_eq!(data(tmp.path()), vec![id]);
+        drop(call);
+    }
+
     #[test]
     fn sizes_respect_the_range() {
         let r = SizeRange {
