@@ -352,6 +352,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
             .store(false, std::sync::atomic::Ordering::Release);
         let d = driver.clone();
         tokio::spawn(async move {
+            let spares = d.config.state_dir.join("spare");
+            let _ = crate::offload::blocking(move || crate::node::spare_targets::install(&spares))
+                .await;
             // Mounts and mount-table reads: off the async thread, which
             // answers Probe meanwhile. A failed run (the store refusing,
             // say) is retried: the node serves once reconciled, not before.

@@ -12,6 +12,7 @@ use crate::error::{CsiError, CsiResult};
 use crate::mount::options::MountOptions;
 use crate::mount::syscalls;
 use crate::node::paths::guard;
+use crate::node::spare_targets;
 
 /// Name of the bind-mounted device node inside a raw-block staging path.
 pub const BLOCK_DEVICE_FILE: &str = "device";
@@ -176,7 +177,7 @@ pub(super) fn publish(
     }
     if cap.is_block() {
         ensure_file(&target)?;
-    } else {
+    } else if !spare_targets::place(&target) {
         ensure_dir(&target)?;
     }
     if let Err(e) = syscalls::bind(
@@ -184,7 +185,7 @@ pub(super) fn publish(
         &target,
         &MountOptions::parse(cap.mount_flags(), readonly),
     ) {
-        let _ = remove_path(&target);
+        let _ = remove_target(&target);
         return Err(e.into());
     }
     Ok(())
@@ -194,7 +195,16 @@ pub(super) fn publish(
 pub(super) fn unpublish(target: &Path) -> CsiResult<()> {
     let target = guard(target, "target_path")?;
     syscalls::unmount_all(&target)?;
-    remove_path(&target)
+    remove_target(&target)
+}
+
+/// Removes an unmounted target, keeping an empty directory as a spare
+/// for the next publication.
+fn remove_target(target: &Path) -> CsiResult<()> {
+    if spare_targets::take_back(target) {
+        return Ok(());
+    }
+    remove_path(target)
 }
 
 #[cfg(test)]
