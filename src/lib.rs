@@ -5,6 +5,7 @@
 pub mod authority_filter;
 pub mod backend;
 pub mod backoff;
+pub mod call_threads;
 pub mod capability;
 pub mod config;
 pub mod controller;

@@ -10,9 +10,11 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
+use crate::call_threads::CallThreads;
 use crate::error::{CsiError, CsiResult};
 
 thread_local! {
@@ -23,6 +25,16 @@ thread_local! {
 pub fn may_block() -> bool {
     OFF_ASYNC.with(Cell::get)
 }
+
+/// Marks this thread as one work off the async thread runs on.
+pub(crate) fn mark_may_block() {
+    OFF_ASYNC.with(|m| m.set(true));
+}
+
+/// The threads whole calls run on. Bounded as tokio bounds its blocking
+/// pool; local calls are bounded far lower (`limit_calls`), and the rest
+/// only reach this when calls to member clusters pile up.
+static CALLS: CallThreads = CallThreads::new("relay-call", 512, Duration::from_secs(10));
 
 /// Runs `f` where it may block: in place on a thread that may, otherwise
 /// on the blocking pool.
@@ -35,7 +47,7 @@ where
         return Ok(f());
     }
     tokio::task::spawn_blocking(move || {
-        OFF_ASYNC.with(|m| m.set(true));
+        mark_may_block();
         f()
     })
     .await
@@ -116,7 +128,8 @@ where
         None => None,
     };
     let runtime = tokio::runtime::Handle::current();
-    blocking(move || runtime.block_on(call))
+    CALLS
+        .run(move || runtime.block_on(call))
         .await
         .map_err(|e| CsiError::Internal(format!("{what} failed: {e}")))?
 }
