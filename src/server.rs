@@ -350,11 +350,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         driver
             .node_ready
             .store(false, std::sync::atomic::Ordering::Release);
+        // Off the way to Probe ready: until they are set up, targets are
+        // made and removed as without them.
+        let spares = driver.config.state_dir.join("spare");
+        tokio::spawn(crate::offload::blocking(move || {
+            crate::node::spare_targets::install(&spares)
+        }));
         let d = driver.clone();
         tokio::spawn(async move {
-            let spares = d.config.state_dir.join("spare");
-            let _ = crate::offload::blocking(move || crate::node::spare_targets::install(&spares))
-                .await;
             // Mounts and mount-table reads: off the async thread, which
             // answers Probe meanwhile. A failed run (the store refusing,
             // say) is retried: the node serves once reconciled, not before.
