@@ -17,8 +17,10 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
+
+use crate::unpoisoned::lock;
 
 /// Hands a finished call's answer to its caller.
 type Answer = Box<dyn FnOnce() + Send>;
@@ -50,11 +52,6 @@ impl fmt::Display for NoAnswer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    // Jobs run outside the lock, so a poisoned one is still consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl CallThreads {
@@ -156,7 +153,8 @@ impl CallThreads {
     }
 
     /// Threads alive now.
-    pub fn threads(&self) -> usize {
+    #[cfg(test)]
+    fn threads(&self) -> usize {
         lock(&self.state).threads
     }
 }

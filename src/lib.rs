@@ -33,6 +33,7 @@ pub mod server;
 pub mod service;
 pub mod state;
 pub mod store;
+pub mod unpoisoned;
 pub mod validate;
 pub mod volume;
 pub mod wal;

@@ -31,11 +31,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::Duration;
 
 use nix::libc;
+
+use crate::unpoisoned::lock;
 
 /// Directories kept ready in each half; the filler tops one up to this.
 const HALF: usize = 32;
@@ -87,11 +89,6 @@ impl Shared {
     fn total(&self) -> usize {
         self.ready.iter().map(|n| n.load(Ordering::Acquire)).sum()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere while holding it leaves the lists whole.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl DirPool {

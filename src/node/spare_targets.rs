@@ -28,9 +28,11 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use nix::fcntl::{renameat2, RenameFlags, AT_FDCWD};
+
+use crate::unpoisoned::lock;
 
 /// Spares kept at most: as many as publications a busy node unpublishes
 /// and publishes again at once; the rest are removed as before.
@@ -66,11 +68,6 @@ impl Like {
             mode: m.mode() & 0o7777,
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic elsewhere while holding it leaves the list whole.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Sets up the node's spares in `dir`. A failure only means every target
