@@ -1113,7 +1113,7 @@ async fn paths_with_blanks_and_backslashes() {
 // filesystem is made and removed as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpublished_target_serves_the_next_publication() {
-    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::fs::DirEntryExt;
     require_mounts!();
     let d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
@@ -1121,9 +1121,19 @@ async fn an_unpublished_target_serves_the_next_publication() {
     let spares = d.state_dir.join("spare");
     // The node sets up its spares while it reconciles, before it serves.
     wait_for("the spare directory", || spares.is_dir()).await;
-    let ino = |p: &Path| fs::symlink_metadata(p).unwrap().ino();
+    let spare_inodes = || -> Vec<u64> {
+        fs::read_dir(&spares)
+            .unwrap()
+            .map(|e| e.unwrap().ino())
+            .collect()
+    };
+    // The inode under a target's mount: its parent lists it.
+    let under = |t: &Path| {
+        let mut entries = fs::read_dir(t.parent().unwrap()).unwrap();
+        entries.next().unwrap().unwrap().ino()
+    };
 
-    let before = fs::read_dir(&spares).unwrap().count();
+    let before = spare_inodes().len();
     // As a kubelet does, the CO makes the target's parent.
     let t1 = d.path("pods/p1/volumes/vol");
     let t2 = d.path("pods/p2/volumes/vol");
@@ -1133,49 +1143,27 @@ async fn an_unpublished_target_serves_the_next_publication() {
     publish(&d, &v, &t1, false).await;
     assert!(is_mounted(&t1));
     assert_eq!(
-        fs::read_dir(&spares).unwrap().count(),
+        spare_inodes().len(),
         before - 1,
         "a spare became the target"
     );
+    let t1_dir = under(&t1);
     fs::write(t1.join("data"), b"in the volume").unwrap();
-    let under = {
-        unpublish(&d, &v.id, &t1).await;
-        assert!(!t1.exists(), "NodeUnpublishVolume removes the target");
-        let kept: Vec<_> = fs::read_dir(&spares)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .collect();
-        assert!(kept
-            .iter()
-            .all(|k| fs::read_dir(k).unwrap().next().is_none()));
-        assert_eq!(kept.len(), before, "the target became a spare again");
-        kept.iter().map(|k| ino(k)).collect::<Vec<_>>()
-    };
+    unpublish(&d, &v.id, &t1).await;
+    assert!(!t1.exists(), "NodeUnpublishVolume removes the target");
+    assert_eq!(
+        spare_inodes(),
+        vec![t1_dir],
+        "the target became a spare again"
+    );
 
     publish(&d, &v, &t2, false).await;
     assert!(is_mounted(&t2));
-    let under_t2 = {
-        // The inode under the mount: the target's parent lists it.
-        let e = fs::read_dir(t2.parent().unwrap())
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap();
-        std::os::unix::fs::DirEntryExt::ino(&e)
-    };
-    assert!(under.contains(&under_t2), "a spare serves the next target");
+    assert_eq!(under(&t2), t1_dir, "the spare serves the next target");
     assert_eq!(fs::read(t2.join("data")).unwrap(), b"in the volume");
     unpublish(&d, &v.id, &t2).await;
     assert!(!t2.exists());
-    let after: Vec<u64> = fs::read_dir(&spares)
-        .unwrap()
-        .map(|e| ino(&e.unwrap().path()))
-        .collect();
-    assert_eq!(
-        after.len(),
-        under.len(),
-        "the spare came back, no new one was made"
-    );
+    assert_eq!(spare_inodes(), vec![t1_dir], "no new one was made");
 
     // Another filesystem under the same parent tree: the rename cannot
     // cross it, so the target is made there and removed again.
@@ -1194,7 +1182,7 @@ async fn an_unpublished_target_serves_the_next_publication() {
     assert_eq!(fs::read(t3.join("data")).unwrap(), b"in the volume");
     unpublish(&d, &v.id, &t3).await;
     assert!(!t3.exists(), "a target on another filesystem is removed");
-    assert_eq!(fs::read_dir(&spares).unwrap().count(), after.len());
+    assert_eq!(spare_inodes(), vec![t1_dir], "nor kept from there");
     nix::mount::umount(&other).expect("unmount the test's tmpfs");
 
     unstage(&d, &v).await;
