@@ -1,4 +1,5 @@
-//! The threads whole calls run on, off the async thread (see `offload`).
+//! The threads work off the async thread runs on: whole calls and single
+//! blocking steps (see `offload`).
 //!
 //! Tokio's blocking pool counts a thread idle only once it is back waiting
 //! for work, after the call it ran has woken the async thread. Under load

@@ -1,11 +1,11 @@
 //! Blocking work (syncs, mounts, data copies) leaves the async thread, and
 //! goes there once per call, not once per step.
 //!
-//! Every hop to a blocking-pool thread costs two wake-ups, and on a small
-//! VM a wake-up costs more than a sync: a node call that hopped for its
-//! mount and again for each store commit paid that three times. A thread
-//! of the blocking pool marks itself, so work that is already off the
-//! async thread runs in place.
+//! Every hop to another thread costs two wake-ups, and on a small VM a
+//! wake-up costs more than a sync: a node call that hopped for its mount
+//! and again for each store commit paid that three times. The threads work
+//! goes to (`call_threads`) mark themselves, so work that is already off
+//! the async thread runs in place.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::call_threads::CallThreads;
+use crate::call_threads::{CallThreads, NoAnswer};
 use crate::error::{CsiError, CsiResult};
 
 thread_local! {
@@ -31,14 +31,15 @@ pub(crate) fn mark_may_block() {
     OFF_ASYNC.with(|m| m.set(true));
 }
 
-/// The threads whole calls run on. Bounded as tokio bounds its blocking
-/// pool; local calls are bounded far lower (`limit_calls`), and the rest
-/// only reach this when calls to member clusters pile up.
+/// The threads all work off the async thread runs on. Bounded as tokio
+/// bounds its blocking pool; local calls are bounded far lower
+/// (`limit_calls`), and the rest only reach this when calls to member
+/// clusters pile up.
 static CALLS: CallThreads = CallThreads::new("relay-call", 512, Duration::from_secs(10));
 
 /// Runs `f` where it may block: in place on a thread that may, otherwise
-/// on the blocking pool.
-pub async fn blocking<T, F>(f: F) -> Result<T, tokio::task::JoinError>
+/// on a call thread.
+pub async fn blocking<T, F>(f: F) -> Result<T, NoAnswer>
 where
     T: Send + 'static,
     F: FnOnce() -> T + Send + 'static,
@@ -46,15 +47,21 @@ where
     if may_block() {
         return Ok(f());
     }
-    tokio::task::spawn_blocking(move || {
-        mark_may_block();
-        f()
-    })
-    .await
+    CALLS.run(f).await
+}
+
+/// Starts `f` on another call thread now, to overlap the caller's own
+/// work; its answer is awaited later.
+pub fn start<T, F>(f: F) -> impl Future<Output = Result<T, NoAnswer>>
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    CALLS.run(f)
 }
 
 /// Runs a whole call (its commits, syncs and storage steps) on one
-/// blocking-pool thread: one hop for the call instead of one per step.
+/// call thread: one hop for the call instead of one per step.
 /// Its awaits on the network still work there, woken by the runtime.
 pub async fn call<T, F>(what: &'static str, call: F) -> CsiResult<T>
 where
@@ -64,7 +71,7 @@ where
     call_within(IN_FLIGHT.get().map(|b| &b.turns), what, call).await
 }
 
-/// Calls on blocking threads at once, when bounded (`limit_calls`).
+/// Calls on call threads at once, when bounded (`limit_calls`).
 static IN_FLIGHT: OnceLock<Bound> = OnceLock::new();
 
 struct Bound {
@@ -72,7 +79,7 @@ struct Bound {
     size: usize,
 }
 
-/// How many calls hold a turn on a blocking thread now (the caller's
+/// How many calls hold a turn on a call thread now (the caller's
 /// included); `None` when calls are not bounded and so not counted.
 pub fn calls_in_flight() -> Option<usize> {
     IN_FLIGHT.get().map(Bound::taken)
@@ -92,7 +99,7 @@ impl Bound {
     }
 }
 
-/// Bounds the calls that run on blocking threads at once; the rest wait
+/// Bounds the calls that run on call threads at once; the rest wait
 /// for a turn on the async thread, where waiting costs a few bytes, not a
 /// thread. Set once, at start.
 ///
@@ -128,8 +135,7 @@ where
         None => None,
     };
     let runtime = tokio::runtime::Handle::current();
-    CALLS
-        .run(move || runtime.block_on(call))
+    blocking(move || runtime.block_on(call))
         .await
         .map_err(|e| CsiError::Internal(format!("{what} failed: {e}")))?
 }

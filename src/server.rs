@@ -46,7 +46,7 @@ pub enum StartError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Calls of the local backend on blocking threads at once.
+/// Calls of the local backend on call threads at once.
 const LOCAL_CALLS_IN_FLIGHT: usize = 32;
 /// First wait before a failed node reconciliation runs again; doubled per
 /// failure up to the ceiling.

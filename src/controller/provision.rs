@@ -241,7 +241,7 @@ pub async fn create_volume(
         // the reply. A machine crash before that may keep the data without
         // the record: housekeeping reclaims data no record owns.
         let store = d.store.clone();
-        let synced = tokio::task::spawn_blocking(move || store.sync());
+        let synced = crate::offload::start(move || store.sync());
         let allocated = allocate(d, &vol).await;
         let synced = synced
             .await
