@@ -34,6 +34,10 @@ pub struct CallThreads {
     keep_alive: Duration,
     state: Mutex<State>,
     work: Condvar,
+    /// Makes the next thread starts fail, as when the process is out of
+    /// threads or memory.
+    #[cfg(test)]
+    refuse_threads: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -67,6 +71,8 @@ impl CallThreads {
                 idle: 0,
             }),
             work: Condvar::new(),
+            #[cfg(test)]
+            refuse_threads: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -87,8 +93,9 @@ impl CallThreads {
         let submitted = self.submit(job);
         async move {
             submitted?;
-            rx.await
-                .map_err(|_| NoAnswer("the call panicked; see the log".into()))
+            rx.await.map_err(|_| {
+                NoAnswer("the call ended without an answer (it panicked, or no thread could run it); see the log".into())
+            })
         }
     }
 
@@ -104,21 +111,40 @@ impl CallThreads {
         }
         st.threads += 1;
         drop(st);
-        let started = std::thread::Builder::new()
-            .name(self.name.into())
-            .spawn(move || self.serve());
-        match started {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let mut st = lock(&self.state);
-                st.threads -= 1;
-                if st.threads == 0 {
-                    // Nobody would ever take what waits: each caller hears.
-                    st.queue.clear();
-                }
-                Err(NoAnswer(format!("cannot start a thread for the call: {e}")))
-            }
+        let Err(e) = self.start() else {
+            return Ok(());
+        };
+        let mut st = lock(&self.state);
+        st.threads -= 1;
+        if st.threads > 0 {
+            // The call is queued and a running thread will take it, as
+            // past the bound. Failing its caller now would leave the call
+            // to run after the CO was told it failed.
+            tracing::warn!(threads = st.threads, error = %e,
+                "cannot start another call thread; the call waits for a running one");
+            return Ok(());
         }
+        // Nobody would ever take what waits: each caller hears.
+        let orphans = std::mem::take(&mut st.queue);
+        drop(st);
+        drop(orphans);
+        Err(NoAnswer(format!(
+            "cannot start a thread for the call: {e}; the process is out of threads or memory"
+        )))
+    }
+
+    fn start(&'static self) -> std::io::Result<()> {
+        #[cfg(test)]
+        if self
+            .refuse_threads
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Err(nix::errno::Errno::EAGAIN.into());
+        }
+        std::thread::Builder::new()
+            .name(self.name.into())
+            .spawn(move || self.serve())
+            .map(drop)
     }
 
     fn serve(&self) {
@@ -216,6 +242,48 @@ mod tests {
         let e = calls.run(|| -> () { panic!("a bug") }).await.unwrap_err();
         assert!(e.to_string().contains("panicked"), "{e}");
         assert_eq!(calls.run(|| 7).await.unwrap(), 7);
+        assert_eq!(calls.threads(), 1);
+    }
+
+    fn refuse_threads(calls: &CallThreads, refuse: bool) {
+        calls
+            .refuse_threads
+            .store(refuse, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[tokio::test]
+    async fn a_call_no_thread_can_run_fails_without_running_later() {
+        let calls = pool(4, 10_000);
+        refuse_threads(calls, true);
+        let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let r = ran.clone();
+        let e = calls
+            .run(move || r.store(true, std::sync::atomic::Ordering::SeqCst))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("cannot start a thread"), "{e}");
+        refuse_threads(calls, false);
+        assert_eq!(calls.run(|| 3).await.unwrap(), 3, "threads start again");
+        assert!(
+            !ran.load(std::sync::atomic::Ordering::SeqCst),
+            "the failed call was dropped, not run by the next thread"
+        );
+    }
+
+    // Told it failed, the CO retries; the call must not also run later.
+    #[tokio::test]
+    async fn a_call_that_gets_no_new_thread_waits_for_a_running_one() {
+        let calls = pool(4, 10_000);
+        let (release, stuck) = mpsc::channel::<()>();
+        let hung = calls.run(move || stuck.recv().is_ok());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        refuse_threads(calls, true);
+        let second = tokio::spawn(calls.run(|| 5));
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(!second.is_finished(), "it waits for the running thread");
+        release.send(()).unwrap();
+        assert!(hung.await.unwrap());
+        assert_eq!(second.await.unwrap().unwrap(), 5);
         assert_eq!(calls.threads(), 1);
     }
 
