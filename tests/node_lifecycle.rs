@@ -1189,3 +1189,43 @@ async fn an_unpublished_target_serves_the_next_publication() {
     destroy(&d, &v).await;
     assert_clean(&d);
 }
+
+// When the spares cannot be set up (here the place they live in is taken by
+// a file), the node serves as before: it makes each target and removes it,
+// and leaves what is in the way alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_spare_targets_each_target_is_made_and_removed() {
+    require_mounts!();
+    let mut d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let spares = d.state_dir.join("spare");
+    wait_for("the spare directory", || spares.is_dir()).await;
+    d.stop_gracefully().await;
+    fs::remove_dir_all(&spares).unwrap();
+    fs::write(&spares, b"not a directory").unwrap();
+    d.start_again().await;
+    let v = ready_volume(&d, "no-spares", MIB, mount_cap(Mode::SingleNodeWriter)).await;
+    wait_for("the warning that spares are off", || {
+        d.log().contains("no spare target directories")
+    })
+    .await;
+
+    for (i, pod) in ["p1", "p2"].into_iter().enumerate() {
+        let t = d.path(&format!("pods/{pod}/volumes/vol"));
+        fs::create_dir_all(t.parent().unwrap()).unwrap();
+        publish(&d, &v, &t, false).await;
+        assert!(is_mounted(&t), "publication {i} is mounted");
+        fs::write(t.join(pod), b"x").unwrap();
+        unpublish(&d, &v.id, &t).await;
+        assert!(!t.exists(), "NodeUnpublishVolume removes target {i}");
+    }
+    assert_eq!(
+        fs::read(&spares).unwrap(),
+        b"not a directory",
+        "what was in the way is left as it was"
+    );
+
+    unstage(&d, &v).await;
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}
