@@ -116,11 +116,13 @@ impl CallThreads {
         };
         let mut st = lock(&self.state);
         st.threads -= 1;
-        if st.threads > 0 {
+        let running = st.threads;
+        if running > 0 {
             // The call is queued and a running thread will take it, as
             // past the bound. Failing its caller now would leave the call
             // to run after the CO was told it failed.
-            tracing::warn!(threads = st.threads, error = %e,
+            drop(st);
+            tracing::warn!(threads = running, error = %e,
                 "cannot start another call thread; the call waits for a running one");
             return Ok(());
         }
