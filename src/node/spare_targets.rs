@@ -282,7 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn a_place_that_cannot_be_made_keeps_the_spare() {
+    fn a_place_that_cannot_be_made_keeps_the_spare_and_a_vanished_spare_is_forgotten() {
         let tmp = tempfile::tempdir().unwrap();
         let spares = SpareTargets::open(&tmp.path().join("spare")).unwrap();
         // Its parent is missing: the caller makes the whole path.
@@ -294,6 +294,21 @@ mod tests {
         assert!(!spares.place(&there));
         assert_eq!(fs::read(there.join("x")).unwrap(), b"1");
         assert_eq!(spares.count(), 1);
+        // A spare removed from under the node is forgotten, not tried by
+        // every later publication.
+        fs::remove_dir(
+            fs::read_dir(&spares.dir)
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path(),
+        )
+        .unwrap();
+        let target = tmp.path().join("target");
+        assert!(!spares.place(&target));
+        assert!(!target.exists());
+        assert_eq!(spares.count(), 0);
     }
 
     #[test]
