@@ -311,6 +311,28 @@ mod tests {
         assert_eq!(spares.count(), 0);
     }
 
+    // The name a take-back moves to is taken (not by this node): the
+    // target stays for the caller to remove, and what has the name stays.
+    #[test]
+    fn a_taken_spare_name_leaves_the_target_where_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("spare");
+        let spares = SpareTargets::open(&dir).unwrap();
+        let next = spares.next.load(Ordering::Relaxed).to_string();
+        // An empty directory: a plain rename would replace it.
+        fs::create_dir(dir.join(&next)).unwrap();
+        let in_the_way = ino(&dir.join(&next));
+        let target = tmp.path().join("target");
+        fs::create_dir(&target).unwrap();
+        assert!(!spares.take_back(&target));
+        assert!(target.is_dir());
+        assert_eq!(ino(&dir.join(&next)), in_the_way);
+        assert_eq!(spares.count(), 1);
+        // The next name is free: the one after serves.
+        assert!(spares.take_back(&target));
+        assert_eq!(spares.count(), 2);
+    }
+
     #[test]
     fn no_more_than_are_kept_and_what_a_restart_finds_is_checked_again() {
         let tmp = tempfile::tempdir().unwrap();
