@@ -47,7 +47,7 @@ where
     if may_block() {
         return Ok(f());
     }
-    CALLS.run(f).await
+    start(f).await
 }
 
 /// Starts `f` on another call thread now, to overlap the caller's own
