@@ -13,12 +13,10 @@
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender};
 
 pub struct Trash {
     dir: PathBuf,
-    next: AtomicU64,
     wake: Option<SyncSender<()>>,
 }
 
@@ -45,11 +43,7 @@ impl Trash {
                 None
             }
         };
-        Ok(Trash {
-            dir,
-            next: AtomicU64::new(0),
-            wake,
-        })
+        Ok(Trash { dir, wake })
     }
 
     /// Moves `path` (on the trash's filesystem) out of the way for removal.
@@ -61,15 +55,7 @@ impl Trash {
         let name = path
             .file_name()
             .ok_or_else(|| io::Error::other(format!("{} has no file name", path.display())))?;
-        // Names in the trash never collide: the same volume id may be
-        // deleted, created and deleted again before the reaper runs.
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let to = self.dir.join(format!(
-            "{}.{}.{n}",
-            name.to_string_lossy(),
-            std::process::id()
-        ));
-        match fs::rename(path, &to) {
+        match fs::rename(path, self.dir.join(trash_name(name))) {
             Ok(()) => {
                 let _ = wake.try_send(());
                 Ok(())
@@ -78,6 +64,19 @@ impl Trash {
             Err(e) => Err(e),
         }
     }
+}
+
+/// A name in the trash for data named `name`. It never repeats: the same
+/// volume id may be deleted, created and deleted again before the reaper
+/// runs, and a process counter would repeat across restarts (a container's
+/// pid is 1 every time) while a leftover of the last run is still there,
+/// where a rename of a directory onto a full one fails (ENOTEMPTY).
+fn trash_name(name: &std::ffi::OsStr) -> String {
+    format!(
+        "{}.{}",
+        name.to_string_lossy(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 pub fn remove_any(path: &Path) -> io::Result<()> {
@@ -108,6 +107,34 @@ fn empty(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trash whose reaper never runs, so what it holds stays.
+    fn unreaped(dir: PathBuf) -> Trash {
+        fs::create_dir_all(&dir).unwrap();
+        let (tx, rx) = sync_channel::<()>(1);
+        std::mem::forget(rx);
+        Trash {
+            dir,
+            wake: Some(tx),
+        }
+    }
+
+    // A restart (same pid in a container) before the reaper emptied the
+    // trash: the next delete of the same id must still get a free name.
+    #[test]
+    fn names_do_not_repeat_across_restarts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let vol = tmp.path().join("vol-1");
+        for run in 0..3 {
+            let trash = unreaped(tmp.path().join("trash"));
+            fs::create_dir_all(vol.join("d")).unwrap();
+            fs::write(vol.join("d/f"), format!("run {run}")).unwrap();
+            trash.discard(&vol).unwrap();
+            assert!(!vol.exists());
+        }
+        let held = fs::read_dir(tmp.path().join("trash")).unwrap().count();
+        assert_eq!(held, 3, "each run's data has its own name");
+    }
 
     #[test]
     fn discarded_data_leaves_its_name_at_once_and_is_removed_later() {
