@@ -8,7 +8,7 @@ use crate::backend::Backend;
 use crate::config::DriverConfig;
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::Limiter;
-use crate::store::{Store, StoreResult};
+use crate::store::{Limits, Store, StoreResult};
 use crate::volume::Volume;
 
 /// Told about every committed volume change, after the commit (for example
@@ -112,25 +112,25 @@ impl Driver {
 
     /// Commits a volume record, then tells the observers.
     pub async fn put_volume(&self, vol: &Volume) -> CsiResult<()> {
-        self.put_volume_limited(vol, None).await
+        self.put_volume_limited(vol, Limits::none()).await
     }
 
-    /// Commits a volume record unless it would put more than `max`
-    /// attachments on `node` (RESOURCE_EXHAUSTED), then tells the observers.
-    pub async fn put_volume_limited(
-        &self,
-        vol: &Volume,
-        limit: Option<(&str, u64)>,
-    ) -> CsiResult<()> {
-        let limit = limit.map(|(node, max)| (node.to_string(), max));
+    /// Commits a volume record unless it would go past `limits` (too many
+    /// attachments on a node, more bytes than the capacity: both
+    /// RESOURCE_EXHAUSTED), then tells the observers.
+    pub async fn put_volume_limited(&self, vol: &Volume, limits: Limits) -> CsiResult<()> {
+        self.put_within(vol, true, limits).await
+    }
+
+    async fn put_within(&self, vol: &Volume, durable: bool, limits: Limits) -> CsiResult<()> {
         let record = Arc::new(vol.clone());
         self.write(vol, Write::Put, move |s| {
-            s.put_shared(record, true, limit.as_ref().map(|(n, m)| (n.as_str(), *m)))
+            s.put_shared(record, durable, limits)
         })
         .await
         .map_err(|e| match e {
-            CsiError::Store(limit @ crate::store::StoreError::AttachLimit { .. }) => {
-                CsiError::ResourceExhausted(limit.to_string())
+            CsiError::Store(refused) if refused.is_refusal() => {
+                CsiError::ResourceExhausted(refused.to_string())
             }
             other => other,
         })
@@ -146,8 +146,10 @@ impl Driver {
             return self.put_volume(vol).await;
         }
         let record = Arc::new(vol.clone());
-        self.write(vol, Write::Put, move |s| s.put_shared(record, false, None))
-            .await
+        self.write(vol, Write::Put, move |s| {
+            s.put_shared(record, false, Limits::none())
+        })
+        .await
     }
 
     /// Records the intent of node work on a local volume before the work:
@@ -161,6 +163,11 @@ impl Driver {
     /// this way when it syncs the log itself, beside the data's creation.)
     pub async fn put_intent(&self, vol: &Volume) -> CsiResult<()> {
         self.put_outcome(vol).await
+    }
+
+    /// `put_intent`, refused (RESOURCE_EXHAUSTED) past `limits`.
+    pub async fn put_intent_within(&self, vol: &Volume, limits: Limits) -> CsiResult<()> {
+        self.put_within(vol, !witnessed(vol), limits).await
     }
 
     /// Deletes a record whose data is gone; lazily, as `put_outcome`

@@ -61,6 +61,12 @@ pub enum StoreError {
         attached: u64,
         max: u64,
     },
+    #[error("{needed} more bytes requested but only {} of {capacity} bytes are free", capacity.saturating_sub(*allocated))]
+    CapacityExceeded {
+        needed: u64,
+        allocated: u64,
+        capacity: u64,
+    },
     #[error("store worker stopped: {0}")]
     Worker(String),
 }
@@ -81,6 +87,75 @@ db_err!(
 );
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+impl StoreError {
+    /// A change refused by a limit, decided before it wrote anything.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            StoreError::AttachLimit { .. } | StoreError::CapacityExceeded { .. }
+        )
+    }
+}
+
+/// What a volume write must stay within. Checked where the change is
+/// logged, one writer at a time, against what every earlier change left:
+/// two calls can never both take the last slot or the last bytes. Not
+/// checked at replay (the change was within them then).
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    /// At most this many attachments on this node.
+    pub attach: Option<(String, u64)>,
+    /// At most this many bytes allocated to volumes and snapshots, for a
+    /// change that grows a volume.
+    pub capacity: Option<u64>,
+}
+
+impl Limits {
+    pub fn none() -> Self {
+        Limits::default()
+    }
+
+    /// Refuses `new` replacing `old` when it attaches to the limited node
+    /// past its maximum (`attached` reads that node's count) or grows past
+    /// the capacity (`allocated` reads the bytes allocated).
+    fn check(
+        &self,
+        old: Option<&Volume>,
+        new: Option<&Volume>,
+        attached: impl FnOnce(&str) -> StoreResult<u64>,
+        allocated: impl FnOnce() -> StoreResult<u64>,
+    ) -> StoreResult<()> {
+        if let Some((node, max)) = &self.attach {
+            let on = |v: Option<&Volume>| v.is_some_and(|v| v.attached_to(node));
+            if on(new) && !on(old) {
+                let attached = attached(node)?;
+                if attached >= *max {
+                    return Err(StoreError::AttachLimit {
+                        node: node.clone(),
+                        attached,
+                        max: *max,
+                    });
+                }
+            }
+        }
+        if let Some(capacity) = self.capacity {
+            let bytes = |v: Option<&Volume>| v.map_or(0, |v| v.capacity_bytes);
+            let needed = bytes(new).saturating_sub(bytes(old));
+            if needed > 0 {
+                let allocated = allocated()?;
+                if allocated.saturating_add(needed) > capacity {
+                    return Err(StoreError::CapacityExceeded {
+                        needed,
+                        allocated,
+                        capacity,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
 
 /// One page of a listing and where the next one starts.
 #[derive(Debug)]
@@ -125,12 +200,10 @@ impl Op {
     }
 }
 
-/// A change as submitted: the op, and for a ControllerPublish the attach
-/// limit it must respect (checked when it is first applied, not at replay:
-/// it was within the limit then).
+/// A change as submitted: the op, and the limits it must respect.
 struct Change {
     op: Op,
-    limit: Option<(String, u64)>,
+    limits: Limits,
 }
 
 /// Bytes of write-ahead log between checkpoints: a few hundred full
@@ -343,8 +416,8 @@ impl Store {
     /// a round it would wait for the sync the durable changes beside it
     /// ask for. A volume change left pending (see `Journal::defer`) wakes
     /// the flusher, which applies it to redb in the background.
-    fn write(&self, durable: bool, op: Op, limit: Option<(String, u64)>) -> StoreResult<()> {
-        let change = Change { op, limit };
+    fn write(&self, durable: bool, op: Op, limits: Limits) -> StoreResult<()> {
+        let change = Change { op, limits };
         let result = if durable {
             self.commits.submit(change, true)
         } else {
@@ -425,7 +498,7 @@ impl Store {
             table: table.to_string(),
             ids: ids.to_vec(),
         };
-        self.write(true, op, None)
+        self.write(true, op, Limits::none())
     }
 
     /// How many records are in quarantine.
@@ -528,27 +601,20 @@ impl Store {
     /// Inserts or replaces a volume record and keeps every index in step;
     /// durable when this returns.
     pub fn put_volume(&self, vol: &Volume) -> StoreResult<()> {
-        self.put_volume_limited(vol, None)
+        self.put_volume_limited(vol, Limits::none())
     }
 
-    /// Like `put_volume`, but commits nothing and answers `AttachLimit` if
-    /// the record would leave `node` with more than `max` attachments. The
-    /// count is read where the change is logged, one writer at a time, so
-    /// two publishes to one node cannot both take the last slot.
-    pub fn put_volume_limited(&self, vol: &Volume, limit: Option<(&str, u64)>) -> StoreResult<()> {
-        self.put_shared(Arc::new(vol.clone()), true, limit)
+    /// Like `put_volume`, but commits nothing and answers `AttachLimit` or
+    /// `CapacityExceeded` if the record would go past `limits` (see
+    /// `Limits`).
+    pub fn put_volume_limited(&self, vol: &Volume, limits: Limits) -> StoreResult<()> {
+        self.put_shared(Arc::new(vol.clone()), true, limits)
     }
 
-    /// Writes a record the caller hands over: durably (with `limit`, as
+    /// Writes a record the caller hands over, within `limits`: durably (as
     /// `put_volume_limited`) or lazily (as `put_volume_lazily`).
-    pub fn put_shared(
-        &self,
-        vol: Arc<Volume>,
-        durable: bool,
-        limit: Option<(&str, u64)>,
-    ) -> StoreResult<()> {
-        let limit = limit.map(|(n, m)| (n.to_string(), m));
-        self.write(durable, Op::PutVolume(vol), limit)
+    pub fn put_shared(&self, vol: Arc<Volume>, durable: bool, limits: Limits) -> StoreResult<()> {
+        self.write(durable, Op::PutVolume(vol), limits)
     }
 
     /// Like `put_volume`, for a change that needs no sync of its own: a
@@ -556,16 +622,16 @@ impl Store {
     /// witness (the mount table, the backend's data). It becomes durable
     /// with the next durable commit.
     pub fn put_volume_lazily(&self, vol: &Volume) -> StoreResult<()> {
-        self.put_shared(Arc::new(vol.clone()), false, None)
+        self.put_shared(Arc::new(vol.clone()), false, Limits::none())
     }
 
     pub fn remove_volume(&self, id: &str) -> StoreResult<()> {
-        self.write(true, Op::RemoveVolume(id.to_string()), None)
+        self.write(true, Op::RemoveVolume(id.to_string()), Limits::none())
     }
 
     /// Like `remove_volume`, lazily (see `put_volume_lazily`).
     pub fn remove_volume_lazily(&self, id: &str) -> StoreResult<()> {
-        self.write(false, Op::RemoveVolume(id.to_string()), None)
+        self.write(false, Op::RemoveVolume(id.to_string()), Limits::none())
     }
 
     pub fn list_volumes(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Volume>> {
@@ -659,11 +725,15 @@ impl Store {
     }
 
     pub fn put_snapshot(&self, snap: &Snapshot) -> StoreResult<()> {
-        self.write(true, Op::PutSnapshot(Box::new(snap.clone())), None)
+        self.write(
+            true,
+            Op::PutSnapshot(Box::new(snap.clone())),
+            Limits::none(),
+        )
     }
 
     pub fn remove_snapshot(&self, id: &str) -> StoreResult<()> {
-        self.write(true, Op::RemoveSnapshot(id.to_string()), None)
+        self.write(true, Op::RemoveSnapshot(id.to_string()), Limits::none())
     }
 
     pub fn list_snapshots(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Snapshot>> {
@@ -728,18 +798,18 @@ impl Store {
     }
 
     pub fn put_group(&self, group: &GroupSnapshot) -> StoreResult<()> {
-        self.write(true, Op::PutGroup(Box::new(group.clone())), None)
+        self.write(true, Op::PutGroup(Box::new(group.clone())), Limits::none())
     }
 
     pub fn remove_group(&self, id: &str) -> StoreResult<()> {
-        self.write(true, Op::RemoveGroup(id.to_string()), None)
+        self.write(true, Op::RemoveGroup(id.to_string()), Limits::none())
     }
 }
 
 /// Applies one op inside a write transaction (first time or at replay).
-fn apply(txn: &redb::WriteTransaction, op: &Op, limit: Option<(String, u64)>) -> StoreResult<()> {
+fn apply(txn: &redb::WriteTransaction, op: &Op, limits: &Limits) -> StoreResult<()> {
     match op {
-        Op::PutVolume(vol) => write_volume(txn, vol, &encode(vol)?, limit),
+        Op::PutVolume(vol) => write_volume(txn, vol, &encode(vol)?, limits),
         Op::RemoveVolume(id) => {
             txn.open_table(UNFINISHED_VOLUMES)?.remove(id.as_str())?;
             if let Some(old) = take::<Volume>(txn, VOLUMES, "volumes", id)? {
@@ -829,7 +899,7 @@ fn replay(txn: &redb::WriteTransaction, dir: &Path) -> StoreResult<(Wal, usize)>
             ))
         })?;
         for op in &ops {
-            apply(txn, op, None)?;
+            apply(txn, op, &Limits::none())?;
         }
     }
     if replayed > 0 {
@@ -980,13 +1050,13 @@ impl Journal {
         let mut payload = vec![b'['];
         let mut logged = 0;
         for change in changes {
-            let Some(Change { op, limit }) = change else {
+            let Some(Change { op, limits }) = change else {
                 results.push(Ok(()));
                 continue;
             };
-            match apply_and_encode(&txn, &op, limit) {
+            match apply_and_encode(&txn, &op, &limits) {
                 // A refusal is decided before the change writes anything.
-                Err(refused @ StoreError::AttachLimit { .. }) => results.push(Err(refused)),
+                Err(refused) if refused.is_refusal() => results.push(Err(refused)),
                 Err(e) => {
                     // Anything else may have left a partial write: nothing
                     // of this round is committed.
@@ -1163,21 +1233,22 @@ impl Journal {
                     }
                 },
             };
-            if let Some((node, max)) = &change.limit {
-                let on = |v: Option<&Volume>| v.is_some_and(|v| v.attached_to(node));
-                if on(new.map(|v| &**v)) && !on(old.as_deref()) {
-                    let attached = self.counter(&format!("{ATTACHED_PREFIX}{node}"), |c| {
+            let within = change.limits.check(
+                old.as_deref(),
+                new.map(|v| &**v),
+                |node| {
+                    self.counter(&format!("{ATTACHED_PREFIX}{node}"), |c| {
                         i128::from(c.attached_on(node) + round_counts.attached_on(node))
-                    })?;
-                    if attached >= *max {
-                        planned.push(Err(StoreError::AttachLimit {
-                            node: node.clone(),
-                            attached,
-                            max: *max,
-                        }));
-                        continue;
-                    }
+                    })
+                },
+                || self.counter(ALLOCATED, |c| c.allocated + round_counts.allocated),
+            );
+            match within {
+                Err(refused) if refused.is_refusal() => {
+                    planned.push(Err(refused));
+                    continue;
                 }
+                other => other?,
             }
             let delta = Delta::between(old.as_deref(), new.map(|v| &**v));
             round_counts.add(&delta);
@@ -1285,7 +1356,7 @@ fn apply_pending(txn: &redb::WriteTransaction, log: &mut Log) -> Result<(), Stri
                 // Only volume changes wait here; anything else is applied.
                 id.is_none() || matches!(d.op, Op::RemoveVolume(_)) || last.get(&id) == Some(i)
             })
-            .try_for_each(|(_, d)| apply_encoded(txn, &d.op, d.record.as_deref(), None))
+            .try_for_each(|(_, d)| apply_encoded(txn, &d.op, d.record.as_deref(), &Limits::none()))
     };
     applied.map_err(|e| log.fail_applying(&e))
 }
@@ -1398,11 +1469,11 @@ fn apply_encoded(
     txn: &redb::WriteTransaction,
     op: &Op,
     record: Option<&[u8]>,
-    limit: Option<(String, u64)>,
+    limits: &Limits,
 ) -> StoreResult<()> {
     match (op, record) {
-        (Op::PutVolume(vol), Some(record)) => write_volume(txn, vol, record, limit),
-        _ => apply(txn, op, limit),
+        (Op::PutVolume(vol), Some(record)) => write_volume(txn, vol, record, limits),
+        _ => apply(txn, op, limits),
     }
 }
 
@@ -1410,21 +1481,20 @@ fn apply_encoded(
 fn apply_and_encode(
     txn: &redb::WriteTransaction,
     op: &Op,
-    limit: Option<(String, u64)>,
+    limits: &Limits,
 ) -> StoreResult<Encoded> {
     let encoded = encode_op(op)?;
-    apply_encoded(txn, op, encoded.record(), limit)?;
+    apply_encoded(txn, op, encoded.record(), limits)?;
     Ok(encoded)
 }
 
-/// Writes a volume record (`record`, its encoding) and its indexes; with a
-/// limit, refuses (before writing anything) an attachment that would put
-/// `node` over `max`.
+/// Writes a volume record (`record`, its encoding) and its indexes; refuses
+/// (before writing anything) a change past `limits`.
 fn write_volume(
     txn: &redb::WriteTransaction,
     vol: &Volume,
     record: &[u8],
-    limit: Option<(String, u64)>,
+    limits: &Limits,
 ) -> StoreResult<()> {
     let mut volumes = txn.open_table(VOLUMES)?;
     let raw = volumes.get(vol.id.as_str())?.map(|v| v.value().to_vec());
@@ -1439,19 +1509,12 @@ fn write_volume(
         },
         None => None,
     };
-    if let Some((node, max)) = limit {
-        let attached_on = |v: Option<&Volume>| v.is_some_and(|v| v.attached_to(&node));
-        if attached_on(Some(vol)) && !attached_on(old.as_ref()) {
-            let attached = counter(txn, &format!("{ATTACHED_PREFIX}{node}"))?;
-            if attached >= max {
-                return Err(StoreError::AttachLimit {
-                    node,
-                    attached,
-                    max,
-                });
-            }
-        }
-    }
+    limits.check(
+        old.as_ref(),
+        Some(vol),
+        |node| counter(txn, &format!("{ATTACHED_PREFIX}{node}")),
+        || counter(txn, ALLOCATED),
+    )?;
     volumes.insert(vol.id.as_str(), record)?;
     // Index writes that change nothing still dirty their table's pages, and
     // most puts (a stage, a publish) change only the record itself.
@@ -1640,6 +1703,71 @@ mod tests {
     use crate::volume::Lifecycle;
 
     use crate::volume::{sample as vol, with_attachment};
+
+    fn attach_limit(node: &str, max: u64) -> Limits {
+        Limits {
+            attach: Some((node.to_string(), max)),
+            capacity: None,
+        }
+    }
+
+    fn capacity(bytes: u64) -> Limits {
+        Limits {
+            attach: None,
+            capacity: Some(bytes),
+        }
+    }
+
+    // Creates of different names run at once (the per-name locks do not
+    // serialise them): the bytes they take are counted where each is
+    // logged, so together they never pass the capacity; a growth counts
+    // only what it adds, and a lazy write is held to it too.
+    #[test]
+    fn concurrent_creates_and_growths_never_pass_the_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        // `sample` volumes hold 100 bytes: 9 fit in 900.
+        let gate = Arc::new(std::sync::Barrier::new(24));
+        let writers: Vec<_> = (0..24)
+            .map(|i| {
+                let (store, gate) = (store.clone(), gate.clone());
+                std::thread::spawn(move || {
+                    gate.wait();
+                    let v = vol(&format!("v{i}"), &format!("n{i}"));
+                    match store.put_volume_limited(&v, capacity(900)) {
+                        Ok(()) => 1,
+                        Err(StoreError::CapacityExceeded { .. }) => 0,
+                        Err(e) => panic!("{e}"),
+                    }
+                })
+            })
+            .collect();
+        let created: u64 = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert_eq!(created, 9);
+        assert_eq!(store.allocated_bytes().unwrap(), 900);
+        let mut listed = store.list_volumes(None, 100).unwrap().items;
+        let grown = &mut listed[0];
+        grown.capacity_bytes = 150;
+        store.put_volume_limited(grown, capacity(1000)).unwrap();
+        assert_eq!(store.allocated_bytes().unwrap(), 950);
+        grown.capacity_bytes = 250;
+        let e = store.put_volume_limited(grown, capacity(1000)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("100 more bytes requested but only 50 of 1000 bytes are free"),
+            "{e}"
+        );
+        let lazy = store.put_shared(Arc::new(vol("lazy", "lazy")), false, capacity(1000));
+        assert!(
+            matches!(lazy, Err(StoreError::CapacityExceeded { .. })),
+            "{lazy:?}"
+        );
+        // A change that takes nothing more passes at any capacity.
+        grown.capacity_bytes = 150;
+        grown.parameters.insert("k".into(), "v".into());
+        store.put_volume_limited(grown, capacity(0)).unwrap();
+        assert_eq!(store.allocated_bytes().unwrap(), 950);
+    }
 
     #[test]
     fn records_indexes_and_counters_survive_reopen() {
@@ -1898,18 +2026,18 @@ mod tests {
         let c = with_attachment(vol("c", "name-c"), "n1");
         // The count is redb's (nothing yet) plus the pending attachment.
         assert!(in_redb(&store, "a").is_none());
-        let refused = store.put_volume_limited(&c, Some(("n1", 1)));
+        let refused = store.put_volume_limited(&c, attach_limit("n1", 1));
         assert!(
             matches!(refused, Err(StoreError::AttachLimit { attached: 1, .. })),
             "{refused:?}"
         );
         assert!(store.volume("c").unwrap().is_none());
         let lsn = store.journal.lock().wal.next_lsn();
-        assert!(store.put_volume_limited(&c, Some(("n1", 1))).is_err());
+        assert!(store.put_volume_limited(&c, attach_limit("n1", 1)).is_err());
         assert_eq!(store.journal.lock().wal.next_lsn(), lsn, "nothing logged");
         // Re-publishing what is attached already is within the limit.
-        store.put_volume_limited(&a, Some(("n1", 1))).unwrap();
-        store.put_volume_limited(&c, Some(("n1", 2))).unwrap();
+        store.put_volume_limited(&a, attach_limit("n1", 1)).unwrap();
+        store.put_volume_limited(&c, attach_limit("n1", 2)).unwrap();
         assert_eq!(store.attached_count("n1").unwrap(), 2);
         let crashed = crash_copy(dir.path());
         assert_eq!(
@@ -1935,7 +2063,7 @@ mod tests {
                 .unwrap();
         }
         let c = with_attachment(vol("c", "name-c"), "n1");
-        let refused = store.put_volume_limited(&c, Some(("n1", 1)));
+        let refused = store.put_volume_limited(&c, attach_limit("n1", 1));
         assert!(
             matches!(refused, Err(StoreError::AttachLimit { .. })),
             "{refused:?}"
@@ -2180,7 +2308,7 @@ mod tests {
                             vol(&format!("v{t}-{i}"), &format!("n{t}-{i}")),
                             "busy-node",
                         );
-                        match store.put_volume_limited(&v, Some(("busy-node", 40))) {
+                        match store.put_volume_limited(&v, attach_limit("busy-node", 40)) {
                             Ok(()) => attached += 1,
                             Err(StoreError::AttachLimit { .. }) => {
                                 store.put_volume(&vol(&v.id, &v.name)).unwrap()
@@ -2213,7 +2341,7 @@ mod tests {
         let op = Op::PutVolume(Arc::new(v));
         let txn = store.db.begin_write().unwrap();
         for op in [op, Op::RemoveVolume("a".into())] {
-            let encoded = apply_and_encode(&txn, &op, None).unwrap();
+            let encoded = apply_and_encode(&txn, &op, &Limits::none()).unwrap();
             let mut logged = Vec::new();
             encoded.log_into(&mut logged);
             assert_eq!(logged, serde_json::to_vec(&op).unwrap());

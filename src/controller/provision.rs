@@ -16,6 +16,7 @@ use crate::error::{CsiError, CsiResult};
 use crate::limiter::{volume_key, volume_name_key};
 use crate::params::{self, VolumeParams};
 use crate::state::{self, CreateRequest, NewVolume, Repeat, Step};
+use crate::store::Limits;
 use crate::validate;
 use crate::volume::{Backing, ContentSource, Lifecycle, Volume};
 
@@ -193,14 +194,13 @@ pub async fn create_volume(
                     size = src_size;
                 }
             }
-            let total = d.backend.total_capacity().await?;
-            let used = d.store.allocated_bytes()?;
-            if used.saturating_add(size) > total {
-                return Err(CsiError::ResourceExhausted(format!(
-                    "{size} bytes requested but only {} of {total} bytes are free",
-                    total.saturating_sub(used)
-                )));
-            }
+            // Checked where the record is logged, against every create and
+            // growth logged before it: creates of other names run beside
+            // this one.
+            let within = Limits {
+                attach: None,
+                capacity: Some(d.backend.total_capacity().await?),
+            };
             let (secs, _) = now();
             // Storage made ahead needs no sync of its own: the record's
             // durable commit is all this create waits for. (If that commit
@@ -226,9 +226,9 @@ pub async fn create_volume(
                 ephemeral: false,
             });
             if overlap {
-                d.put_intent(&vol).await?;
+                d.put_intent_within(&vol, within).await?;
             } else {
-                d.put_volume(&vol).await?;
+                d.put_volume_limited(&vol, within).await?;
             }
             (vol, overlap)
         }
@@ -385,25 +385,40 @@ pub async fn expand_volume(
         range.limit
     };
     let Step::Next(grown) = state::expand(&vol, target, d.config.max_volume_size)? else {
+        // Already this size: a repeat, maybe of a call whose reply was lost
+        // or that stopped between the record and the storage. The
+        // backend's growth is idempotent, and says again whether the node
+        // must finish it.
+        let node_expansion_required = d.backend.expand_volume(&vol, vol.capacity_bytes).await?;
         return Ok(csi::ControllerExpandVolumeResponse {
             capacity_bytes: vol.capacity_bytes as i64,
-            node_expansion_required: false,
+            node_expansion_required,
         });
     };
-    let total = d.backend.total_capacity().await?;
-    let used = d.db(|s| s.allocated_bytes()).await?;
-    let growth = target - vol.capacity_bytes;
-    if used.saturating_add(growth) > total {
-        return Err(CsiError::ResourceExhausted(format!(
-            "growing by {growth} bytes needs more than the {} bytes free",
-            total.saturating_sub(used)
-        )));
-    }
+    // The new size is recorded first, within the capacity (checked where it
+    // is logged, against every create and growth before it), then the
+    // storage grows.
+    let within = Limits {
+        attach: None,
+        capacity: Some(d.backend.total_capacity().await?),
+    };
+    d.put_volume_limited(&grown, within).await?;
     // The backend says whether the node must finish it: a block file's
     // loop device and filesystem, a member volume whose driver grows the
     // filesystem where it is mounted.
-    let node_expansion_required = d.backend.expand_volume(&vol, target).await?;
-    d.put_volume(&grown).await?;
+    let node_expansion_required = match d.backend.expand_volume(&vol, target).await {
+        Ok(required) => required,
+        Err(e) => {
+            // The size it had, so that what is reported and counted is what
+            // the storage holds; the CO's retry starts over. (If this write
+            // is lost too, the retry finds the new size and grows the
+            // storage then.)
+            if let Err(undo) = d.put_volume(&vol).await {
+                tracing::warn!(volume_id = %vol.id, error = %undo, "cannot record the size back after a failed expansion; the retry grows the storage");
+            }
+            return Err(e);
+        }
+    };
     tracing::info!(volume_id = %vol.id, bytes = target, "volume expanded");
     Ok(csi::ControllerExpandVolumeResponse {
         capacity_bytes: target as i64,

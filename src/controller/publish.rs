@@ -6,6 +6,7 @@ use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::limiter::volume_key;
 use crate::state::{self, AttachLimit, Step};
+use crate::store::Limits;
 use crate::validate;
 
 pub async fn publish(
@@ -41,8 +42,11 @@ pub async fn publish(
                 // record knows of (a cancelled call or a crash after creating it
                 // would leak it); the attach limit is enforced in this commit.
                 let max = d.config.max_volumes_per_node;
-                d.put_volume_limited(&next, (max > 0).then_some((&node_id, max)))
-                    .await?;
+                let limits = Limits {
+                    attach: (max > 0).then(|| (node_id.clone(), max)),
+                    capacity: None,
+                };
+                d.put_volume_limited(&next, limits).await?;
                 (*next, true)
             }
         };
