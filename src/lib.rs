@@ -5,7 +5,6 @@
 pub mod authority_filter;
 pub mod backend;
 pub mod backoff;
-pub mod call_threads;
 pub mod capability;
 pub mod config;
 pub mod controller;
@@ -28,7 +27,6 @@ pub mod overlay;
 pub mod page_token;
 pub mod params;
 pub mod registrar;
-pub mod resident;
 pub mod server;
 pub mod service;
 pub mod state;

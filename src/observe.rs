@@ -95,7 +95,6 @@ pub async fn rpc<T>(
     body: impl Future<Output = CsiResult<T>>,
 ) -> Result<Response<T>, Status> {
     let started = Instant::now();
-    crate::resident::touched();
     let result = body.await;
     let elapsed = started.elapsed();
     let code = match &result {

@@ -46,12 +46,29 @@ pub enum StartError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Calls of the local backend on call threads at once.
+/// Calls of the local backend on blocking threads at once.
 const LOCAL_CALLS_IN_FLIGHT: usize = 32;
 /// First wait before a failed node reconciliation runs again; doubled per
 /// failure up to the ceiling.
 const RECONCILE_RETRY_BASE: std::time::Duration = std::time::Duration::from_secs(1);
 const RECONCILE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Earlier builds kept unpublished targets in `spare/` to rename into
+/// the next target; a target now serves one publication only. What they
+/// left is removed if it is an empty directory, and left alone (with a
+/// warning) otherwise.
+fn remove_old_spares(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if let Err(e) = std::fs::remove_dir(&path) {
+            tracing::warn!(path = %path.display(), error = %e, "a spare target left by an earlier version is not an empty directory; left alone");
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StartError + 'a {
     move |source| StartError::Io {
@@ -350,14 +367,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         driver
             .node_ready
             .store(false, std::sync::atomic::Ordering::Release);
-        // Off the way to Probe ready: until they are set up, targets are
-        // made and removed as without them.
         let spares = driver.config.state_dir.join("spare");
-        tokio::spawn(crate::offload::blocking(move || {
-            crate::node::spare_targets::install(&spares)
-        }));
         let d = driver.clone();
         tokio::spawn(async move {
+            let _ = crate::offload::blocking(move || remove_old_spares(&spares)).await;
             // Mounts and mount-table reads: off the async thread, which
             // answers Probe meanwhile. A failed run (the store refusing,
             // say) is retried: the node serves once reconciled, not before.
@@ -377,8 +390,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
                 .store(true, std::sync::atomic::Ordering::Release);
         });
     }
-    // Start-up is over: its code pages need not stay mapped.
-    tokio::spawn(crate::resident::trim_when_idle());
     let mut router =
         Server::builder().add_service(IdentityServer::new(IdentityService::new(driver.clone())));
     if driver.config.mode.controller() {

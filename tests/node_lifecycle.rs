@@ -1107,124 +1107,45 @@ async fn paths_with_blanks_and_backslashes() {
     assert_clean(&d);
 }
 
-// An unpublished mount target is kept as a spare and serves the next
-// publication on its filesystem: the CO sees its target made and removed,
-// and no directory is made or removed for it. A target on another
-// filesystem is made and removed as before.
+// A target directory serves one publication only: NodeUnpublishVolume
+// removes it, and nothing of it is kept to serve another pod (its owner,
+// xattrs or security labels would follow). Spare targets an earlier
+// version kept in the state dir are removed at start when empty, and left
+// alone otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unpublished_target_serves_the_next_publication() {
-    use std::os::unix::fs::DirEntryExt;
-    require_mounts!();
-    let d = Driver::start(&[]).await;
-    let _scrub = Scrub::new(&d);
-    let v = ready_volume(&d, "spares", MIB, mount_cap(Mode::SingleNodeWriter)).await;
-    let spares = d.state_dir.join("spare");
-    // The node sets up its spares while it reconciles, before it serves.
-    wait_for("the spare directory", || spares.is_dir()).await;
-    let spare_inodes = || -> Vec<u64> {
-        fs::read_dir(&spares)
-            .unwrap()
-            .map(|e| e.unwrap().ino())
-            .collect()
-    };
-    // The inode under a target's mount: its parent lists it.
-    let under = |t: &Path| {
-        let mut entries = fs::read_dir(t.parent().unwrap()).unwrap();
-        entries.next().unwrap().unwrap().ino()
-    };
-
-    let before = spare_inodes().len();
-    // As a kubelet does, the CO makes the target's parent.
-    let t1 = d.path("pods/p1/volumes/vol");
-    let t2 = d.path("pods/p2/volumes/vol");
-    for t in [&t1, &t2] {
-        fs::create_dir_all(t.parent().unwrap()).unwrap();
-    }
-    publish(&d, &v, &t1, false).await;
-    assert!(is_mounted(&t1));
-    assert_eq!(
-        spare_inodes().len(),
-        before - 1,
-        "a spare became the target"
-    );
-    let t1_dir = under(&t1);
-    fs::write(t1.join("data"), b"in the volume").unwrap();
-    unpublish(&d, &v.id, &t1).await;
-    assert!(!t1.exists(), "NodeUnpublishVolume removes the target");
-    assert_eq!(
-        spare_inodes(),
-        vec![t1_dir],
-        "the target became a spare again"
-    );
-
-    publish(&d, &v, &t2, false).await;
-    assert!(is_mounted(&t2));
-    assert_eq!(under(&t2), t1_dir, "the spare serves the next target");
-    assert_eq!(fs::read(t2.join("data")).unwrap(), b"in the volume");
-    unpublish(&d, &v.id, &t2).await;
-    assert!(!t2.exists());
-    assert_eq!(spare_inodes(), vec![t1_dir], "no new one was made");
-
-    // Another filesystem under the same parent tree: the rename cannot
-    // cross it, so the target is made there and removed again.
-    let other = d.path("pods/p3");
-    fs::create_dir_all(&other).unwrap();
-    nix::mount::mount(
-        Some("tmpfs"),
-        &other,
-        Some("tmpfs"),
-        nix::mount::MsFlags::empty(),
-        Some("size=1m"),
-    )
-    .expect("mount a tmpfs for the test");
-    let t3 = other.join("target");
-    publish(&d, &v, &t3, false).await;
-    assert_eq!(fs::read(t3.join("data")).unwrap(), b"in the volume");
-    unpublish(&d, &v.id, &t3).await;
-    assert!(!t3.exists(), "a target on another filesystem is removed");
-    assert_eq!(spare_inodes(), vec![t1_dir], "nor kept from there");
-    nix::mount::umount(&other).expect("unmount the test's tmpfs");
-
-    unstage(&d, &v).await;
-    destroy(&d, &v).await;
-    assert_clean(&d);
-}
-
-// When the spares cannot be set up (here the place they live in is taken by
-// a file), the node serves as before: it makes each target and removes it,
-// and leaves what is in the way alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_spare_targets_each_target_is_made_and_removed() {
+async fn a_target_serves_one_publication_and_earlier_spares_are_removed() {
     require_mounts!();
     let mut d = Driver::start(&[]).await;
     let _scrub = Scrub::new(&d);
-    let spares = d.state_dir.join("spare");
-    wait_for("the spare directory", || spares.is_dir()).await;
     d.stop_gracefully().await;
-    fs::remove_dir_all(&spares).unwrap();
-    fs::write(&spares, b"not a directory").unwrap();
+    let spares = d.state_dir.join("spare");
+    fs::create_dir_all(spares.join("a")).unwrap();
+    fs::create_dir_all(spares.join("b/not-empty")).unwrap();
     d.start_again().await;
-    let v = ready_volume(&d, "no-spares", MIB, mount_cap(Mode::SingleNodeWriter)).await;
-    wait_for("the warning that spares are off", || {
-        d.log().contains("no spare target directories")
-    })
-    .await;
-
-    for (i, pod) in ["p1", "p2"].into_iter().enumerate() {
+    let v = ready_volume(&d, "one-target", MIB, mount_cap(Mode::SingleNodeWriter)).await;
+    assert!(!spares.join("a").exists(), "an empty spare is removed");
+    assert!(
+        spares.join("b/not-empty").is_dir(),
+        "anything else is left alone"
+    );
+    for pod in ["p1", "p2"] {
         let t = d.path(&format!("pods/{pod}/volumes/vol"));
         fs::create_dir_all(t.parent().unwrap()).unwrap();
         publish(&d, &v, &t, false).await;
-        assert!(is_mounted(&t), "publication {i} is mounted");
-        fs::write(t.join(pod), b"x").unwrap();
+        assert!(is_mounted(&t));
         unpublish(&d, &v.id, &t).await;
-        assert!(!t.exists(), "NodeUnpublishVolume removes target {i}");
+        assert!(!t.exists(), "NodeUnpublishVolume removes the target");
     }
+    let kept: Vec<_> = fs::read_dir(&spares)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(
-        fs::read(&spares).unwrap(),
-        b"not a directory",
-        "what was in the way is left as it was"
+        kept,
+        vec![std::ffi::OsString::from("b")],
+        "no target was kept"
     );
-
+    fs::remove_dir_all(&spares).unwrap();
     unstage(&d, &v).await;
     destroy(&d, &v).await;
     assert_clean(&d);

@@ -13,7 +13,6 @@ pub mod paths;
 pub mod publish;
 pub mod reconcile;
 pub mod sources;
-pub mod spare_targets;
 pub mod stage;
 pub mod stats;
 

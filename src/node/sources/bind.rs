@@ -12,7 +12,6 @@ use crate::error::{CsiError, CsiResult};
 use crate::mount::options::MountOptions;
 use crate::mount::syscalls;
 use crate::node::paths::guard;
-use crate::node::spare_targets;
 
 /// Name of the bind-mounted device node inside a raw-block staging path.
 pub const BLOCK_DEVICE_FILE: &str = "device";
@@ -177,7 +176,7 @@ pub(super) fn publish(
     }
     if cap.is_block() {
         ensure_file(&target)?;
-    } else if !spare_targets::place(&target) {
+    } else {
         ensure_dir(&target)?;
     }
     if let Err(e) = syscalls::bind(
@@ -198,12 +197,8 @@ pub(super) fn unpublish(target: &Path) -> CsiResult<()> {
     remove_target(&target)
 }
 
-/// Removes an unmounted target, keeping an empty directory as a spare
-/// for the next publication.
+/// Removes an unmounted target: a target serves one publication only.
 fn remove_target(target: &Path) -> CsiResult<()> {
-    if spare_targets::take_back(target) {
-        return Ok(());
-    }
     remove_path(target)
 }
 
