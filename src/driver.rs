@@ -21,6 +21,21 @@ pub trait VolumeObserver: Send + Sync + 'static {
     async fn removed(&self, vol: &Volume) -> bool;
 }
 
+/// A second durable copy of the controller's records, where a controller
+/// that lost its state directory reads them back (the member backend's
+/// RelayVolumes). Unlike an observer it is written before a call goes on:
+/// a call that cannot write it fails, so nothing is acknowledged, and no
+/// side effect beyond the store happens, that the next controller would
+/// not know of.
+#[tonic::async_trait]
+pub trait RecordMirror: Send + Sync + 'static {
+    async fn put(&self, vol: &Volume) -> CsiResult<()>;
+    async fn remove(&self, vol: &Volume) -> CsiResult<()>;
+    /// Makes the copy of volume `id` what the store holds (`current`) if
+    /// an earlier write of it failed or is not known to have landed.
+    async fn settle(&self, id: &str, current: Option<&Volume>) -> CsiResult<()>;
+}
+
 #[derive(Clone)]
 pub struct Driver {
     pub config: Arc<DriverConfig>,
@@ -28,6 +43,7 @@ pub struct Driver {
     pub backend: Arc<dyn Backend>,
     pub limiter: Limiter,
     pub observers: Vec<Arc<dyn VolumeObserver>>,
+    pub mirror: Option<Arc<dyn RecordMirror>>,
     /// Where other CSI drivers' node plugins listen on this node
     /// (`<dir>/<driver name>/csi.sock`): member PVs of those drivers are
     /// served through them.
@@ -48,6 +64,7 @@ impl Driver {
             backend,
             limiter: Limiter::default(),
             observers: Vec::new(),
+            mirror: None,
             plugins_dir: PathBuf::from(crate::node::member_plugin::DEFAULT_PLUGINS_DIR),
             node_ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
             leading: Arc::new(std::sync::atomic::AtomicBool::new(true)),
@@ -57,6 +74,34 @@ impl Driver {
     pub fn with_plugins_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.plugins_dir = dir.into();
         self
+    }
+
+    pub fn with_mirror(mut self, mirror: Arc<dyn RecordMirror>) -> Self {
+        self.mirror = Some(mirror);
+        self
+    }
+
+    /// Before a call acts on volume `id` (whose record is `current`): its
+    /// mirrored copy is brought up to date, or the call fails.
+    pub async fn settle_mirror(&self, id: &str, current: Option<&Volume>) -> CsiResult<()> {
+        match &self.mirror {
+            Some(m) => m.settle(id, current).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `vol` where others read it again (the mirror, or else the
+    /// observers), for a copy that lags; failures are retried later.
+    pub async fn publish_state(&self, vol: &Volume) {
+        if let Some(m) = &self.mirror {
+            if let Err(e) = m.put(vol).await {
+                tracing::debug!(volume_id = %vol.id, error = %e, "mirror not caught up; the next call on the volume retries");
+            }
+            return;
+        }
+        for o in &self.observers {
+            o.changed(vol).await;
+        }
     }
 
     pub fn with_observer(mut self, observer: Arc<dyn VolumeObserver>) -> Self {
@@ -101,6 +146,22 @@ impl Driver {
     /// the store keeps cached: it runs in place, with no thread hop.
     pub async fn find_volume(&self, id: &str) -> CsiResult<Option<Volume>> {
         Ok(self.store.volume(id)?)
+    }
+
+    /// The record of a volume a controller call is about to act on, once
+    /// its mirrored copy is up to date (see `settle_mirror`). Called under
+    /// the volume's guard.
+    pub async fn volume_to_change(&self, id: &str) -> CsiResult<Option<Volume>> {
+        let vol = self.find_volume(id).await?;
+        self.settle_mirror(id, vol.as_ref()).await?;
+        Ok(vol)
+    }
+
+    /// `volume_to_change`, NOT_FOUND naming the id when there is none.
+    pub async fn existing_volume_to_change(&self, id: &str) -> CsiResult<Volume> {
+        self.volume_to_change(id)
+            .await?
+            .ok_or_else(|| CsiError::VolumeNotFound(id.to_string()))
     }
 
     /// The volume record, or NOT_FOUND naming the id.
@@ -193,6 +254,12 @@ impl Driver {
         F: FnOnce(&Store) -> StoreResult<()> + Send + 'static,
     {
         self.db(f).await?;
+        if let Some(m) = &self.mirror {
+            match kind {
+                Write::Put => m.put(vol).await?,
+                Write::Remove => m.remove(vol).await?,
+            }
+        }
         for o in &self.observers {
             match kind {
                 // Observers behind a queue retry on their own.

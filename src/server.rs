@@ -21,7 +21,8 @@ use crate::endpoint::Endpoint;
 use crate::member::backend::MemberBackend;
 use crate::member::cluster::Cluster;
 use crate::member::config::{connect_host, connect_member};
-use crate::member::relay_volume::{rebuild, RelayVolumeObserver, Role};
+use crate::member::mirror::RelayMirror;
+use crate::member::relay_volume::{lagging, rebuild, RelayVolumeObserver, Role};
 use crate::service::{
     controller::ControllerService, group_controller::GroupControllerService,
     identity::IdentityService, node::NodeService,
@@ -167,14 +168,18 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
     let mut work: Option<LeaderWork> = None;
     if let Some(host) = host {
         let role = Role::for_mode(args.mode, &args.node_id);
-        let mut observer = RelayVolumeObserver::new(host.clone(), role);
+        let mut mirror: Option<Arc<RelayMirror>> = None;
+        let node_writer = RelayVolumeObserver::new(host.clone(), role.clone());
         if args.mode.controller() {
             let watches =
                 crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
                     .await
                     .map_err(StartError::Config)?;
             let (view, start_summary) = crate::member::relay_summary::watch(watches);
-            observer = observer.with_view(view);
+            let controller_copy = Arc::new(RelayMirror::new(
+                RelayVolumeObserver::new(host.clone(), role.clone()).with_view(view),
+            ));
+            mirror = Some(controller_copy.clone());
             let mut member_watches = Vec::new();
             for m in &args.members {
                 let client = crate::member::config::connect_member_for_watches(m)
@@ -189,6 +194,13 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     // answers anything.
                     let restored = rebuild(&host, &driver).await?;
                     tracing::info!(restored, "volume records rebuilt from RelayVolumes");
+                    for id in lagging(&host, &driver).await? {
+                        controller_copy.mark(&id);
+                    }
+                    tracing::info!(
+                        lagging = controller_copy.unmirrored(),
+                        "RelayVolumes that differ from the store are written again by the next call on each"
+                    );
                     let snapshots = restore_snapshots(&driver).await?;
                     tracing::info!(
                         restored = snapshots,
@@ -209,9 +221,15 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                 })
             }));
         }
-        driver = driver.with_observer(Arc::new(crate::observer_queue::ObserverQueue::spawn(
-            Arc::new(observer),
-        )));
+        driver = match mirror {
+            // The controller's writes wait for their RelayVolume (see
+            // `member::mirror`); a node plugin's entries follow in the
+            // background, since a node's state is rebuilt from its mounts.
+            Some(mirror) => driver.with_mirror(mirror),
+            None => driver.with_observer(Arc::new(crate::observer_queue::ObserverQueue::spawn(
+                Arc::new(node_writer),
+            ))),
+        };
     }
     Ok((driver, work))
 }

@@ -15,7 +15,7 @@ pub async fn modify_volume(
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = d.volume(&id).await?;
+    let vol = d.existing_volume_to_change(&id).await?;
     // A volume that is not one (yet, or any more) is NOT_FOUND before its
     // parameters are looked at.
     state::ready(&vol)?;

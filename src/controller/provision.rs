@@ -171,7 +171,10 @@ pub async fn create_volume(
     };
     // Decided once: a record logged without its sync must get it below.
     let alone = overlap_syncs(&placement.backing);
-    let (vol, overlap) = match d.store.volume_by_name(&name)? {
+    let existing = d.store.volume_by_name(&name)?;
+    let id = existing.as_ref().map_or(&placement.id, |v| &v.id);
+    d.settle_mirror(id, existing.as_ref()).await?;
+    let (vol, overlap) = match existing {
         Some(existing) => match state::create_repeat(&existing, &request)? {
             Repeat::Created => return Ok(reply(&existing)),
             Repeat::Resume => (existing, alone),
@@ -337,7 +340,7 @@ pub async fn delete_volume(
     let id = validate::id(&req.volume_id, "volume_id")?.to_string();
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let Some(vol) = d.find_volume(&id).await? else {
+    let Some(vol) = d.volume_to_change(&id).await? else {
         // Deleting what does not exist is success: the CO may be retrying.
         return Ok(csi::DeleteVolumeResponse {});
     };
@@ -378,7 +381,7 @@ pub async fn expand_volume(
         Capability::from_wire(cap, "volume_capability")?;
     }
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = d.volume(&id).await?;
+    let vol = d.existing_volume_to_change(&id).await?;
     let target = if range.required > 0 {
         range.required
     } else {

@@ -20,7 +20,7 @@ pub async fn publish(
     validate::map(&req.volume_context, "volume_context")?;
 
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let vol = d.volume(&id).await?;
+    let vol = d.existing_volume_to_change(&id).await?;
     if !d.backend.node_known(&node_id).await? {
         return Err(CsiError::NodeNotFound(node_id));
     }
@@ -83,7 +83,7 @@ pub async fn unpublish(
     }
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[volume_key(&id)])?;
-    let Some(vol) = d.find_volume(&id).await? else {
+    let Some(vol) = d.volume_to_change(&id).await? else {
         // A volume that no longer exists is unpublished from every node.
         return Ok(csi::ControllerUnpublishVolumeResponse {});
     };

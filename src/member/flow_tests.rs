@@ -426,3 +426,126 @@ async fn virtual_node_publish(labels: Value) {
     let published = published.unwrap();
     assert!(published.publish_context.is_empty(), "{published:?}");
 }
+
+/// Answers the controller's two applies as the API server does (the whole
+/// object, whose spec the status apply's answer carries too); returns the
+/// phase.
+async fn mirrored(host: &mut MockApi) -> String {
+    let spec = host.next().await;
+    assert!(spec.method == "PATCH" && spec.path.starts_with(RV) && !spec.path.ends_with("/status"));
+    let object = spec.body.clone();
+    spec.ok(object.clone());
+    let status = host.next().await;
+    assert!(status.path.ends_with("/status"), "{}", status.path);
+    let phase = status.body["status"]["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut whole = object;
+    whole["status"] = status.body["status"].clone();
+    status.ok(whole);
+    phase
+}
+
+fn mirrored_driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
+    let (east, member) = testing::member("east");
+    let (host, host_api) = testing::host();
+    let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
+        .with_virtual_nodes(crate::registrar::NodeSelector::default());
+    let config = DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
+    let mirror = crate::member::mirror::RelayMirror::new(RelayVolumeObserver::new(
+        host,
+        Role::for_mode(Mode::Controller, "ctrl"),
+    ));
+    let d = Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend))
+        .with_mirror(Arc::new(mirror));
+    (d, member, host_api)
+}
+
+// A controller that loses its state dir rebuilds from RelayVolumes: a call
+// whose RelayVolume cannot be written fails before the member is asked for
+// anything, and the next call on the volume writes it before going on. A
+// removal that did not reach the host is made by the retry of DeleteVolume,
+// although the store no longer holds the volume.
+#[tokio::test(start_paused = true)]
+async fn nothing_is_acknowledged_or_made_in_the_member_before_its_relayvolume_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = mirrored_driver(tmp.path());
+
+    let (first, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            let apply = host.next().await;
+            assert!(
+                apply.method == "PATCH" && apply.path.starts_with(RV),
+                "{}",
+                apply.path
+            );
+            apply.refuse();
+        },
+        member.expect_idle()
+    );
+    let err = first.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        err.to_string().contains("RelayVolume could not be written"),
+        "{err}"
+    );
+
+    // The retry: the PROVISIONING record is written first, then the member
+    // claim is made, then CREATED.
+    let (second, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.created();
+            member.expect_idle().await;
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "PROVISIONING");
+            assert_eq!(mirrored(&mut host).await, "CREATED");
+        }
+    );
+    let vol = second.unwrap().volume.unwrap();
+
+    // A repeat is answered from the store: the copy is known to be current.
+    let (third, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        member.expect_idle(),
+        host.expect_idle()
+    );
+    assert_eq!(third.unwrap().volume.unwrap().volume_id, vol.volume_id);
+
+    let delete = || {
+        provision::delete_volume(
+            &d,
+            csi::DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                ..Default::default()
+            },
+        )
+    };
+    let rv = format!("{RV}/{}", vol.volume_id);
+    let (deleted, (), ()) = tokio::join!(
+        delete(),
+        async {
+            let pvc = vol.volume_context["relay.csi.dev/member-pvc"].clone();
+            member
+                .expect("GET", &format!("{PVCS}/{pvc}"))
+                .await
+                .not_found();
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "DELETING");
+            host.expect("DELETE", &rv).await.refuse();
+        }
+    );
+    assert_eq!(deleted.unwrap_err().code(), Code::Unavailable);
+    let (again, (), ()) = tokio::join!(delete(), member.expect_idle(), async {
+        host.expect("DELETE", &rv)
+            .await
+            .ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+    });
+    again.unwrap();
+    let (last, (), ()) = tokio::join!(delete(), member.expect_idle(), host.expect_idle());
+    last.unwrap();
+}

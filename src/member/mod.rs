@@ -19,6 +19,7 @@ pub mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod mirror;
 pub mod namespace;
 pub mod naming;
 pub mod nodes;

@@ -61,8 +61,6 @@ async fn catch_up(driver: &Driver, obj: &RelayVolume) {
         || current.and_then(|s| s.node_summary.as_deref()) != Some(nodes.as_str());
     if lags {
         tracing::debug!(volume_id = %id, phase, nodes, "RelayVolume summary catches up with its entries");
-        for o in &driver.observers {
-            o.changed(&vol).await;
-        }
+        driver.publish_state(&vol).await;
     }
 }

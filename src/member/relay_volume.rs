@@ -417,7 +417,12 @@ impl RelayVolumeObserver {
 
     /// Removes `vol`'s object (controller) or this node's entry (node).
     pub async fn remove(&self, vol: &Volume) -> CsiResult<()> {
-        let name = object_name(&vol.id);
+        self.remove_id(&vol.id).await
+    }
+
+    /// `remove` of volume `id`.
+    pub async fn remove_id(&self, id: &str) -> CsiResult<()> {
+        let name = object_name(id);
         match &self.role {
             Role::Controller { .. } => {
                 self.host
@@ -515,6 +520,48 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
         restored += 1;
     }
     Ok(restored)
+}
+
+/// Volumes whose RelayVolume is not the store's record: missing, or
+/// holding another state (a controller stopped between its store's write
+/// and the RelayVolume's). Compared once at start-up, after `rebuild`.
+pub async fn lagging(host: &Cluster, driver: &Driver) -> CsiResult<Vec<String>> {
+    let list = host
+        .fetch(
+            "list RelayVolumes",
+            Api::<RelayVolume>::all(host.client()).list(&ListParams::default()),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default();
+    let mirrored: std::collections::HashMap<String, String> = list
+        .into_iter()
+        .map(|rv| (rv.spec.volume_id, rv.spec.record))
+        .collect();
+    let mut records = driver.db(|s| s.unfinished_volumes()).await?;
+    let mut after: Option<String> = None;
+    loop {
+        let from = after.clone();
+        let page = driver
+            .db(move |s| s.list_volumes(from.as_deref(), 1024))
+            .await?;
+        records.extend(page.items);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let mut lagging = Vec::new();
+    for vol in records {
+        if vol.ephemeral || !matches!(vol.backing, Backing::Member { .. }) {
+            continue;
+        }
+        let same = spec_of(&vol).is_ok_and(|spec| mirrored.get(&vol.id) == Some(&spec.record));
+        if !same {
+            lagging.push(vol.id);
+        }
+    }
+    Ok(lagging)
 }
 
 /// A RelayVolume is editable by anyone with RBAC on it, so a record read

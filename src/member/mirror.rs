@@ -1,0 +1,94 @@
+//! The controller's RelayVolumes as the durable copy a new controller
+//! rebuilds from (`relay_volume::rebuild`): the state dir in `deploy/` is an
+//! `emptyDir`, lost with the pod.
+//!
+//! Each volume record the controller commits is applied to its RelayVolume
+//! before the call goes on, so a call is acknowledged, and a member object
+//! made, only once the next controller can know of it. A write that fails
+//! fails the call (UNAVAILABLE): the sidecars need the host API anyway, and
+//! the CO retries. The volume is then remembered as unmirrored, and the
+//! next call on it writes its record again before anything else; start-up
+//! finds the volumes whose RelayVolume differs from the store (a crash
+//! between the two writes) and remembers them the same way.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use crate::driver::RecordMirror;
+use crate::error::{CsiError, CsiResult};
+use crate::member::relay_volume::RelayVolumeObserver;
+use crate::unpoisoned::lock;
+use crate::volume::Volume;
+
+pub struct RelayMirror {
+    writer: RelayVolumeObserver,
+    /// Volumes whose RelayVolume may not be what the store holds.
+    unmirrored: Mutex<HashSet<String>>,
+}
+
+impl RelayMirror {
+    pub fn new(writer: RelayVolumeObserver) -> Self {
+        RelayMirror {
+            writer,
+            unmirrored: Mutex::default(),
+        }
+    }
+
+    /// Remembers that volume `id`'s RelayVolume may lag its record.
+    pub fn mark(&self, id: &str) {
+        lock(&self.unmirrored).insert(id.to_string());
+    }
+
+    pub fn unmirrored(&self) -> usize {
+        lock(&self.unmirrored).len()
+    }
+
+    fn landed(&self, id: &str, written: CsiResult<()>) -> CsiResult<()> {
+        match written {
+            Ok(()) => {
+                lock(&self.unmirrored).remove(id);
+                Ok(())
+            }
+            Err(e) => {
+                self.mark(id);
+                Err(CsiError::Unavailable(format!(
+                    "volume {id:?} is recorded here, but its RelayVolume could not be written to the host cluster ({e}); \
+                     a controller that lost its state would not know of it, so the call fails until the host API answers (retry)"
+                )))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RecordMirror for RelayMirror {
+    async fn put(&self, vol: &Volume) -> CsiResult<()> {
+        if vol.ephemeral {
+            return Ok(());
+        }
+        let written = self.writer.apply(vol).await.map(drop);
+        self.landed(&vol.id, written)
+    }
+
+    async fn remove(&self, vol: &Volume) -> CsiResult<()> {
+        if vol.ephemeral {
+            return Ok(());
+        }
+        let removed = self.writer.remove_id(&vol.id).await;
+        self.landed(&vol.id, removed)
+    }
+
+    async fn settle(&self, id: &str, current: Option<&Volume>) -> CsiResult<()> {
+        if !lock(&self.unmirrored).contains(id) {
+            return Ok(());
+        }
+        tracing::info!(volume_id = %id, "writing the volume's RelayVolume again before the call goes on");
+        match current {
+            Some(vol) => self.put(vol).await,
+            None => {
+                let removed = self.writer.remove_id(id).await;
+                self.landed(id, removed)
+            }
+        }
+    }
+}
