@@ -1,0 +1,270 @@
+//! The host API cut for the controller only (the member API fine), then the
+//! controller killed with SIGKILL and its state dir lost, as a rescheduled
+//! Deployment pod with an emptyDir: every call it answered must be known to
+//! the next controller (which rebuilds from RelayVolumes), every other call
+//! must have failed so that the CO retries it; and once the flows are
+//! unwound no member PVC and no relay-made member VolumeAttachment is left.
+//! The controller reaches the host API through a TCP relay this test owns on
+//! 127.0.0.1, which it cuts and restores. Skipped unless RELAY_E2E_* are set
+//! (see member_e2e.rs).
+
+mod common;
+mod e2e_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::req::snw;
+use csi_relay::csi;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, ListParams};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::Code;
+
+use e2e_support::{
+    eventually, map_host_node, member_create, publish_request, relay_made, start_member_relay,
+    until_ok,
+};
+
+/// A TCP relay to the host API server that can be cut: while cut, it
+/// drops every connection it holds and every new one at once.
+struct Cuttable {
+    addr: std::net::SocketAddr,
+    cut: Arc<AtomicBool>,
+    generation: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Cuttable {
+    async fn to(upstream: String) -> Cuttable {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = listener.local_addr().expect("relay address");
+        let cut = Arc::new(AtomicBool::new(false));
+        let (generation, _) = tokio::sync::watch::channel(0u64);
+        let (c, g) = (cut.clone(), generation.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    continue;
+                };
+                if c.load(Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let upstream = upstream.clone();
+                let mut cuts = g.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cuts.changed() => {}
+                    }
+                });
+            }
+        });
+        Cuttable {
+            addr,
+            cut,
+            generation,
+            task,
+        }
+    }
+
+    fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+        if cut {
+            self.generation.send_modify(|g| *g += 1);
+        }
+    }
+}
+
+impl Drop for Cuttable {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The host kubeconfig with its server replaced by the relay's address;
+/// returns the new file's path and the original server's host:port.
+fn through(
+    kubeconfig: &str,
+    relay: std::net::SocketAddr,
+    dir: &std::path::Path,
+) -> (String, String) {
+    let text = std::fs::read_to_string(kubeconfig).expect("read the host kubeconfig");
+    let mut upstream = None;
+    let rewritten: Vec<String> = text
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("server:") {
+            Some(url) => {
+                let url = url.trim().trim_matches('"');
+                let hostport = url.trim_start_matches("https://").trim_end_matches('/');
+                upstream = Some(hostport.to_string());
+                let indent = &line[..line.len() - line.trim_start().len()];
+                format!("{indent}server: https://{relay}")
+            }
+            None => line.to_string(),
+        })
+        .collect();
+    let upstream = upstream.expect("a server in the host kubeconfig");
+    assert!(
+        upstream.starts_with("127.0.0.1:") || upstream.starts_with("localhost:"),
+        "the host API server must be on loopback for this test: {upstream}"
+    );
+    let path = dir.join("host-through-relay.kubeconfig");
+    std::fs::write(&path, rewritten.join("\n")).expect("write kubeconfig");
+    (path.display().to_string(), upstream)
+}
+
+const ROUNDS: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its_state() {
+    let Some(mut env) = e2e_support::env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let host = e2e_support::client(&env.host_kubeconfig).await;
+    let member = e2e_support::client(&env.member_kubeconfig).await;
+    e2e_support::install_crd(&host).await;
+    let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
+    map_host_node(&host, &host_node, Some("member-node-1")).await;
+
+    let files = tempfile::tempdir().expect("temp dir");
+    let placeholder: std::net::SocketAddr = "127.0.0.1:1".parse().expect("address");
+    let (_, upstream) = through(&env.host_kubeconfig, placeholder, files.path());
+    let relay = Cuttable::to(upstream).await;
+    let (kubeconfig, _) = through(&env.host_kubeconfig, relay.addr, files.path());
+    env.host_kubeconfig = kubeconfig;
+
+    let mut d = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), &env.namespace);
+    let vas: Api<VolumeAttachment> = Api::all(member.clone());
+    let run = std::process::id();
+    let mut ids = Vec::new();
+    let mut refused = 0;
+    for round in 0..ROUNDS {
+        let name = format!("outage-{run}-{round}");
+        relay.set_cut(true);
+        let mut c = d.controller();
+        // What the sidecars send during the outage, and what they are told.
+        let created = c.create_volume(member_create(&env, &name, 1 << 24)).await;
+        let mut answered: Option<csi::Volume> = None;
+        let mut published = false;
+        match created {
+            Ok(r) => {
+                let vol = r.into_inner().volume.expect("a volume");
+                let p = c
+                    .controller_publish_volume(publish_request(&vol, &host_node, snw()))
+                    .await;
+                published = p.is_ok();
+                if let Err(s) = &p {
+                    assert!(
+                        matches!(s.code(), Code::Unavailable | Code::Aborted),
+                        "round {round}: publish during the outage: {s:?}"
+                    );
+                }
+                answered = Some(vol);
+            }
+            Err(s) => {
+                assert_eq!(s.code(), Code::Unavailable, "round {round}: {s:?}");
+                assert!(s.message().contains("RelayVolume"), "{}", s.message());
+                refused += 1;
+            }
+        }
+        d.crash();
+        std::fs::remove_dir_all(&d.state_dir).expect("wipe the state dir");
+        relay.set_cut(false);
+        d.start_again().await;
+
+        let c = d.controller();
+        if let Some(vol) = &answered {
+            // Known to the new controller: a publish of it is no NOT_FOUND.
+            let req = publish_request(vol, &host_node, snw());
+            let mut again = c.clone();
+            let answer = again.controller_publish_volume(req).await;
+            assert!(
+                !matches!(&answer, Err(s) if s.code() == Code::NotFound),
+                "round {round}: an acknowledged volume (published: {published}) was forgotten: {answer:?}"
+            );
+        }
+        // The CO retries what failed, and repeats what it was told.
+        let vol = until_ok("CreateVolume retry", || {
+            let mut c = c.clone();
+            let req = member_create(&env, &name, 1 << 24);
+            async move { c.create_volume(req).await }
+        })
+        .await
+        .into_inner()
+        .volume
+        .expect("a volume");
+        if let Some(first) = &answered {
+            assert_eq!(first.volume_id, vol.volume_id, "the same volume");
+        }
+        until_ok("ControllerPublishVolume retry", || {
+            let mut c = c.clone();
+            let req = publish_request(&vol, &host_node, snw());
+            async move { c.controller_publish_volume(req).await }
+        })
+        .await;
+        ids.push(vol.volume_id);
+    }
+    eprintln!("{refused} of {ROUNDS} creates were refused during the outage (UNAVAILABLE), the rest were known to the next controller");
+
+    for id in &ids {
+        let c = d.controller();
+        until_ok("ControllerUnpublishVolume", || {
+            let mut c = c.clone();
+            let req = csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: host_node.clone(),
+                ..Default::default()
+            };
+            async move { c.controller_unpublish_volume(req).await }
+        })
+        .await;
+        until_ok("DeleteVolume", || {
+            let mut c = c.clone();
+            let req = csi::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            };
+            async move { c.delete_volume(req).await }
+        })
+        .await;
+    }
+    let prefix = format!("outage-{run}-");
+    eventually(
+        "no member PVC and no relay-made member attachment",
+        Duration::from_secs(120),
+        || {
+            let (pvcs, vas, prefix) = (pvcs.clone(), vas.clone(), prefix.clone());
+            async move {
+                let left_pvcs = pvcs
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|p| {
+                        p.metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("relay.csi.dev/volume-name"))
+                            .is_some_and(|n| n.starts_with(&prefix))
+                    })
+                    .count();
+                let left_vas =
+                    relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
+                (left_pvcs == 0 && left_vas == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    map_host_node(&host, &host_node, None).await;
+    d.stop_gracefully().await;
+}
