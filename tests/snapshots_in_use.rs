@@ -88,6 +88,58 @@ async fn a_staged_filesystem_is_frozen_for_its_snapshot() {
     assert_clean(&d);
 }
 
+// The staging path of a volume whose mount is gone (a reboot, a lost
+// mount) holds whatever is there now: here another filesystem of the
+// test's own. A freeze applies to the filesystem that holds the path, so it
+// must be refused unless the path is this volume's loop-device mount: the
+// other filesystem stays writable, and the snapshot is crash-consistent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_volumes_own_filesystem_is_ever_frozen() {
+    require_mounts!();
+    let d = Driver::start(&[]).await;
+    let _scrub = Scrub::new(&d);
+    let cap = fs_cap(Mode::SingleNodeWriter, "ext4", &[]);
+    let v = ready_volume(&d, "lost-mount", 64 * MIB, cap).await;
+    // The mount goes from under the driver; another filesystem takes its
+    // place at the staging path.
+    run("umount", &[v.staging.to_str().unwrap()]);
+    let img = d.path("other.img");
+    fs::File::create(&img)
+        .unwrap()
+        .set_len(32 * MIB as u64)
+        .unwrap();
+    run("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]);
+    run(
+        "mount",
+        &[
+            "-o",
+            "loop",
+            img.to_str().unwrap(),
+            v.staging.to_str().unwrap(),
+        ],
+    );
+    let result = d
+        .controller()
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: v.id.clone(),
+            name: "lost-mount-snap".into(),
+            ..Default::default()
+        })
+        .await;
+    // Still writable: it was never frozen.
+    fs::write(v.staging.join("after"), b"x").unwrap();
+    run("umount", &[v.staging.to_str().unwrap()]);
+    let log = d.log();
+    assert!(result.is_ok(), "{result:?}");
+    assert!(
+        !log.contains("filesystem frozen for the snapshot copy"),
+        "another filesystem was frozen: {log}"
+    );
+    assert!(log.contains("not frozen"), "{log}");
+    destroy(&d, &v).await;
+    assert_clean(&d);
+}
+
 // On XFS with reflink the copy shares the source's extents.
 #[test]
 fn xfs_copies_are_reflinks() {

@@ -19,7 +19,8 @@ use crate::capability::Capability;
 use crate::config::TOPOLOGY_NODE_KEY;
 use crate::csi;
 use crate::error::{CsiError, CsiResult};
-use crate::mount::freeze::freeze;
+use crate::mount::freeze::freeze_device_mount;
+use crate::mount::loopdev;
 use crate::params::{BackingChoice, SnapshotParams, VolumeParams};
 use crate::volume::{Backing, Progress, Snapshot, Volume};
 
@@ -486,6 +487,7 @@ impl Backend for LocalBackend {
         let staged = self.staged_filesystem(source);
         let id = source.id.clone();
         let parent = self.snapshots.clone();
+        let protected = self.volumes.dir().to_path_buf();
         blocking(move || {
             create_atomically(&parent, &dst, |tmp| {
                 if src.is_dir() {
@@ -494,7 +496,17 @@ impl Backend for LocalBackend {
                 // A filesystem in use on this node is frozen for the copy,
                 // so the snapshot is a clean image; without a freeze (not
                 // staged here, or the freeze refused) it is crash-consistent.
-                let _frozen = staged.and_then(|mount| match freeze(&mount) {
+                // Only the filesystem on this volume's own loop device is
+                // ever frozen (see `freeze_device_mount`).
+                let device = match loopdev::find(&src) {
+                    Ok(device) => device,
+                    Err(e) => {
+                        tracing::warn!(volume_id = %id, error = %e, "cannot look up the volume's loop device; not frozen");
+                        None
+                    }
+                };
+                let target = staged.zip(device);
+                let _frozen = target.and_then(|(mount, device)| match freeze_device_mount(&mount, &device, &protected) {
                     Ok(f) => {
                         tracing::debug!(volume_id = %id, mount = %mount.display(), "filesystem frozen for the snapshot copy");
                         Some(f)

@@ -16,9 +16,47 @@ pub struct Frozen {
     dir: File,
 }
 
-/// Freezes the filesystem mounted at `mount_point`.
-pub fn freeze(mount_point: &Path) -> io::Result<Frozen> {
+/// Freezes the filesystem mounted at `mount_point` if, and only if, it is
+/// the one on block device `device` and not the one holding `protected`
+/// (the state dir). A freeze applies to whatever filesystem holds the path:
+/// a staging path whose mount is gone (after a reboot, a lost mount) is a
+/// plain directory on the root or kubelet filesystem, and freezing that
+/// hangs the node, the copy that follows included. The check is made on
+/// the open descriptor the freeze is applied to, so a path swapped in
+/// between cannot redirect it.
+pub fn freeze_device_mount(
+    mount_point: &Path,
+    device: &Path,
+    protected: &Path,
+) -> io::Result<Frozen> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let dir = File::open(mount_point)?;
+    let held = dir.metadata()?;
+    let dev = std::fs::metadata(device)?;
+    if !dev.file_type().is_block_device() {
+        return Err(io::Error::other(format!(
+            "{} is not a block device",
+            device.display()
+        )));
+    }
+    if held.dev() != dev.rdev() {
+        return Err(io::Error::other(format!(
+            "{} is not on {} (not mounted there any more?); not frozen",
+            mount_point.display(),
+            device.display()
+        )));
+    }
+    if held.dev() == std::fs::metadata(protected)?.dev() {
+        return Err(io::Error::other(format!(
+            "{} is on the filesystem of {}; not frozen",
+            mount_point.display(),
+            protected.display()
+        )));
+    }
+    freeze_open(dir)
+}
+
+fn freeze_open(dir: File) -> io::Result<Frozen> {
     let mut arg = 0;
     // SAFETY: the descriptor is an open directory on the filesystem to
     // freeze; the kernel ignores the int argument.
