@@ -16,6 +16,13 @@
 //! make sense of is handed to h2 unchanged from then on, so h2 still judges
 //! (and refuses) malformed connections itself.
 //!
+//! Once a block was re-encoded, h2's decoder follows our encoder's context,
+//! not the client's: a client block passed on as it came would then refer
+//! to table entries h2 never saw, and could decode as other headers than the
+//! client sent. So input this filter cannot make sense of after that point
+//! ends the connection (a read error, which h2 treats as the connection's
+//! loss) instead of reaching h2.
+//!
 //! A gRPC channel sends one authority on every call of a connection, so
 //! the first request tells which kind of client this is. When its
 //! authority is one h2 accepts (grpc-go, kubelet, the sidecars, tonic) the
@@ -75,6 +82,10 @@ pub struct Rewriter {
     passthrough: bool,
     /// A complete header block was handed to h2.
     seen_block: bool,
+    /// A block was re-encoded: h2 decodes with our context from then on.
+    reencoded: bool,
+    /// Why the connection is to end (see the module's docs).
+    broken: Option<String>,
     decoder: loona_hpack::Decoder<'static>,
     encoder: loona_hpack::Encoder<'static>,
     rewritten: u64,
@@ -93,6 +104,8 @@ impl Default for Rewriter {
             block: None,
             passthrough: false,
             seen_block: false,
+            reencoded: false,
+            broken: None,
             decoder,
             encoder: loona_hpack::Encoder::new(),
             rewritten: 0,
@@ -121,6 +134,9 @@ impl Rewriter {
 
     /// Takes bytes read from the client.
     pub fn feed(&mut self, bytes: &[u8]) {
+        if self.broken.is_some() {
+            return;
+        }
         if self.passthrough && self.input.is_empty() {
             self.output.extend_from_slice(bytes);
             return;
@@ -131,6 +147,13 @@ impl Rewriter {
 
     /// The client closed its side: whatever is left goes to h2 as it is.
     pub fn finish(&mut self) {
+        if self.reencoded {
+            // A partial block refers to the client's context: useless to h2,
+            // and the connection ends here anyway.
+            self.block = None;
+            self.input.clear();
+            return;
+        }
         if let Some(block) = self.block.take() {
             self.output.extend_from_slice(&block.raw);
         }
@@ -150,7 +173,22 @@ impl Rewriter {
         }
     }
 
+    /// Why the connection must end, once what is pending went to h2.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
     fn give_up(&mut self) {
+        if self.reencoded {
+            self.block = None;
+            self.input.clear();
+            self.broken = Some(
+                "a client header block this filter cannot re-encode, after it re-encoded others: \
+                 its table references would be wrong for h2; connection closed"
+                    .into(),
+            );
+            return;
+        }
         if let Some(block) = self.block.take() {
             self.output.extend_from_slice(&block.raw);
         }
@@ -283,6 +321,7 @@ impl Rewriter {
                 true
             }
             Some(Reencoded::Block(encoded)) => {
+                self.reencoded = true;
                 self.emit(&encoded, block.stream, block.end_stream);
                 true
             }
@@ -372,6 +411,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFilter<S> {
                 buf.put_slice(&pending[..n]);
                 this.rewriter.consume(n);
                 return Poll::Ready(Ok(()));
+            }
+            if let Some(why) = this.rewriter.broken() {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, why)));
             }
             if this.eof {
                 return Poll::Ready(Ok(()));
@@ -604,5 +646,134 @@ mod tests {
         big.extend_from_slice(&[0; 10]);
         r.feed(&big);
         assert_eq!(r.pending(), big.as_slice());
+    }
+
+    /// What the client sends, request by request.
+    #[derive(Debug, Clone)]
+    enum Sent {
+        /// A request with this authority and a header that varies the
+        /// tables' contents.
+        Request(&'static str, u16),
+        /// A request whose block is larger than this filter buffers, over
+        /// CONTINUATIONs: it cannot be re-encoded.
+        Oversized,
+    }
+
+    fn sent() -> impl proptest::strategy::Strategy<Value = Sent> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (prop::sample::select(vec!["/run/csi/csi.sock", "localhost", "%2Frun%2Fcsi.sock", "127.0.0.1:9"]), 0u16..40)
+                .prop_map(|(a, n)| Sent::Request(a, n)),
+            1 => Just(Sent::Oversized),
+        ]
+    }
+
+    fn headers_of(sent: &Sent) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let (authority, extra) = match sent {
+            Sent::Request(a, n) => (a.to_string(), format!("v{n}").into_bytes()),
+            Sent::Oversized => ("localhost".into(), vec![b'x'; MAX_BLOCK + 1000]),
+        };
+        [
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/csi.v1.Node/NodeGetInfo"),
+            (b":authority", authority.as_bytes()),
+            (b"content-type", b"application/grpc"),
+            (b"x-extra", extra.as_slice()),
+        ]
+        .iter()
+        .map(|(n, v)| (n.to_vec(), v.to_vec()))
+        .collect()
+    }
+
+    /// The header blocks in what the filter hands h2, decoded as h2 would
+    /// (one context for the connection); stops at the first that does not
+    /// decode.
+    fn decoded_by_h2(mut out: &[u8]) -> Vec<Result<Vec<(Vec<u8>, Vec<u8>)>, ()>> {
+        out = &out[PREFACE_LEN..];
+        let mut h2 = loona_hpack::Decoder::new();
+        let mut blocks = Vec::new();
+        let mut block = Vec::new();
+        while out.len() >= FRAME_HEADER_LEN {
+            let len = u32::from_be_bytes([0, out[0], out[1], out[2]]) as usize;
+            let (kind, flags) = (out[3], out[4]);
+            let payload = &out[FRAME_HEADER_LEN..FRAME_HEADER_LEN + len];
+            if kind == HEADERS || kind == CONTINUATION {
+                block.extend_from_slice(payload);
+                if flags & END_HEADERS != 0 {
+                    let decoded = h2.decode(&block).map_err(|_| ());
+                    let failed = decoded.is_err();
+                    blocks.push(decoded);
+                    block.clear();
+                    if failed {
+                        break;
+                    }
+                }
+            }
+            out = &out[FRAME_HEADER_LEN + len..];
+        }
+        blocks
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        // Rewritten blocks, blocks passed as they came and blocks this
+        // filter cannot handle, in any order and split anywhere: every
+        // header list h2 decodes is exactly the client's (with a socket
+        // path authority made `localhost`), and none is decoded against a
+        // context it was not encoded in.
+        #[test]
+        fn every_header_list_h2_decodes_is_the_clients(
+            sends in proptest::collection::vec(sent(), 1..12),
+            chunk in 1usize..5000,
+        ) {
+            let mut client = loona_hpack::Encoder::new();
+            let mut wire = PREFACE.to_vec();
+            wire.extend_from_slice(&frame_header(0, 0x4, 0, 0));
+            for (i, s) in sends.iter().enumerate() {
+                let stream = 1 + 2 * i as u32;
+                let headers = headers_of(s);
+                let block = client.encode(headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));
+                let mut chunks = block.chunks(MAX_FRAME).peekable();
+                let mut kind = HEADERS;
+                while let Some(c) = chunks.next() {
+                    let flags = if chunks.peek().is_none() { END_HEADERS } else { 0 };
+                    wire.extend_from_slice(&frame_header(c.len(), kind, flags, stream));
+                    wire.extend_from_slice(c);
+                    kind = CONTINUATION;
+                }
+                wire.extend_from_slice(&frame_header(5, 0x0, END_STREAM, stream));
+                wire.extend_from_slice(&[0, 0, 0, 0, 1]);
+            }
+            let mut r = Rewriter::default();
+            for c in wire.chunks(chunk) {
+                r.feed(c);
+            }
+            let out = r.pending().to_vec();
+            // The first complete block decides: as it came, or rewritten.
+            let rewriting = matches!(sends[0], Sent::Request(a, _) if !valid_authority(a.as_bytes()));
+            let expected: Vec<_> = sends
+                .iter()
+                .take_while(|s| !(rewriting && matches!(s, Sent::Oversized)))
+                .map(|s| {
+                    let mut h = headers_of(s);
+                    if rewriting {
+                        for (n, v) in h.iter_mut() {
+                            if n == b":authority" && !valid_authority(v) {
+                                *v = b"localhost".to_vec();
+                            }
+                        }
+                    }
+                    h
+                })
+                .collect();
+            let got = decoded_by_h2(&out);
+            proptest::prop_assert_eq!(got.len(), expected.len());
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                proptest::prop_assert!(g.as_ref() == Ok(e), "block {} decoded as {:?}", i, g.as_ref().map(|h| h.iter().map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), v.len())).collect::<Vec<_>>()));
+            }
+            let ends = rewriting && sends.iter().any(|s| matches!(s, Sent::Oversized));
+            proptest::prop_assert_eq!(r.broken().is_some(), ends);
+        }
     }
 }
