@@ -668,7 +668,7 @@ mod tests {
         ]
     }
 
-    fn headers_of(sent: &Sent) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn headers_of(sent: &Sent) -> HeaderList {
         let (authority, extra) = match sent {
             Sent::Request(a, n) => (a.to_string(), format!("v{n}").into_bytes()),
             Sent::Oversized => ("localhost".into(), vec![b'x'; MAX_BLOCK + 1000]),
@@ -689,7 +689,9 @@ mod tests {
     /// The header blocks in what the filter hands h2, decoded as h2 would
     /// (one context for the connection); stops at the first that does not
     /// decode.
-    fn decoded_by_h2(mut out: &[u8]) -> Vec<Result<Vec<(Vec<u8>, Vec<u8>)>, ()>> {
+    type HeaderList = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn decoded_by_h2(mut out: &[u8]) -> Vec<Result<HeaderList, ()>> {
         out = &out[PREFACE_LEN..];
         let mut h2 = loona_hpack::Decoder::new();
         let mut blocks = Vec::new();
