@@ -80,6 +80,10 @@ struct Pending {
     counts: Counts,
 }
 
+/// Made only when no change is pending: a read of redb's indexes that
+/// holds one sees every change logged before it (see `store::index`).
+pub struct Settled(());
+
 #[derive(Default)]
 pub struct Overlay {
     pending: RwLock<Pending>,
@@ -119,6 +123,11 @@ impl Overlay {
 
     pub fn is_empty(&self) -> bool {
         self.read().latest.is_empty()
+    }
+
+    /// `Some` when nothing is pending now.
+    pub fn settled(&self) -> Option<Settled> {
+        self.is_empty().then_some(Settled(()))
     }
 
     /// Runs `read` (a read of redb's counters) with what the pending changes

@@ -15,25 +15,21 @@ use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Tab
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::group_commit::{GroupCommit, Round};
-use crate::overlay::{Counts, Delta, Overlay};
+use crate::overlay::{Counts, Delta, Overlay, Settled};
+
+mod index;
 use crate::volume::{GroupSnapshot, Snapshot, Volume};
 use crate::wal::Wal;
 
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
-const VOLUME_NAMES: TableDefinition<&str, &str> = TableDefinition::new("volume_names");
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 const SNAPSHOT_NAMES: TableDefinition<&str, &str> = TableDefinition::new("snapshot_names");
 /// `source volume id \0 snapshot id` → (), for ListSnapshots by source.
 const SNAPSHOTS_BY_SOURCE: TableDefinition<&str, ()> = TableDefinition::new("snapshots_by_source");
 const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("group_snapshots");
 const GROUP_NAMES: TableDefinition<&str, &str> = TableDefinition::new("group_snapshot_names");
-/// `node id \0 volume id` → attached (1) or only node-side state (0).
-const NODE_VOLUMES: TableDefinition<&str, u8> = TableDefinition::new("node_volumes");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
-/// Ids of volume records whose create or delete has not finished, so
-/// start-up and housekeeping find them without reading every record.
-const UNFINISHED_VOLUMES: TableDefinition<&str, ()> = TableDefinition::new("unfinished_volumes");
-/// Set in COUNTERS once UNFINISHED_VOLUMES covers every record (stores
+/// Set in COUNTERS once the unfinished index covers every record (stores
 /// written before the index existed are indexed once, at open).
 const UNFINISHED_INDEXED: &str = "index/unfinished_volumes";
 /// `table/key` → the raw bytes of a record that could not be decoded. It is
@@ -331,16 +327,16 @@ impl Store {
         let (wal, changed) = {
             // Create every table up front so readers never meet a missing one.
             txn.open_table(VOLUMES)?;
-            txn.open_table(VOLUME_NAMES)?;
+            index::names(&txn)?;
             txn.open_table(SNAPSHOTS)?;
             txn.open_table(SNAPSHOT_NAMES)?;
             txn.open_table(SNAPSHOTS_BY_SOURCE)?;
             txn.open_table(GROUPS)?;
             txn.open_table(GROUP_NAMES)?;
-            txn.open_table(NODE_VOLUMES)?;
+            index::nodes(&txn)?;
             txn.open_table(COUNTERS)?;
             txn.open_table(QUARANTINE)?;
-            txn.open_table(UNFINISHED_VOLUMES)?;
+            index::unfinished(&txn)?;
             let (wal, replayed) = replay(&txn, dir)?;
             let mut changed = replayed > 0 || txn.list_tables()?.count() != tables_before;
             if counter(&txn, UNFINISHED_INDEXED)? == 0 {
@@ -444,18 +440,24 @@ impl Store {
     }
 
     /// Applies the changes still pending to redb, so that a read of an
-    /// index sees them. A read of one record or a counter needs no settling
-    /// (it looks at the overlay first).
-    fn settle(&self) -> StoreResult<()> {
-        if self.journal.overlay.is_empty() {
-            return Ok(());
+    /// index sees them; the proof it hands out is what index reads take
+    /// (`index`). A read of one record or a counter needs no settling (it
+    /// looks at the overlay first).
+    fn settle(&self) -> StoreResult<Settled> {
+        if let Some(settled) = self.journal.overlay.settled() {
+            return Ok(settled);
         }
         let _writer = self.journal.writer();
         let mut log = self.journal.lock();
         if let Some(failed) = &log.failed {
             return Err(StoreError::Worker(failed.clone()));
         }
-        self.journal.settle_in(&mut log)
+        self.journal.settle_in(&mut log)?;
+        // Nothing is logged while `log` is held: all was applied.
+        self.journal
+            .overlay
+            .settled()
+            .ok_or_else(|| StoreError::Worker("changes still pending after settling".into()))
     }
 
     pub fn healthy(&self) -> StoreResult<()> {
@@ -504,7 +506,7 @@ impl Store {
     /// How many records are in quarantine.
     pub fn quarantined(&self) -> StoreResult<u64> {
         // Applying a pending change over an undecodable record moves it.
-        self.settle()?;
+        let _settled = self.settle()?;
         let txn = self.db.begin_read()?;
         let n = txn.open_table(QUARANTINE)?.len()?;
         Ok(n)
@@ -589,12 +591,10 @@ impl Store {
     }
 
     pub fn volume_by_name(&self, name: &str) -> StoreResult<Option<Volume>> {
-        if let Some(pending) = self.journal.overlay.volume_named(name) {
-            return Ok(Some(pending));
-        }
-        match self.id_by_name(VOLUME_NAMES, name)? {
-            Some(id) => self.volume(&id),
-            None => Ok(None),
+        match index::named(&self.db, &self.journal.overlay, name)? {
+            index::Named::Pending(vol) => Ok(Some(*vol)),
+            index::Named::Indexed(id) => self.volume(&id),
+            index::Named::Absent => Ok(None),
         }
     }
 
@@ -635,7 +635,7 @@ impl Store {
     }
 
     pub fn list_volumes(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Volume>> {
-        self.settle()?;
+        let _settled = self.settle()?;
         self.page(VOLUMES, "volumes", after, limit, |v: &Volume| {
             v.lifecycle == crate::volume::Lifecycle::Ready
         })
@@ -644,17 +644,8 @@ impl Store {
     /// Volume records whose create or delete has not finished; the cost
     /// grows with their number only.
     pub fn unfinished_volumes(&self) -> StoreResult<Vec<Volume>> {
-        self.settle()?;
-        let ids: Vec<String> = {
-            let txn = self.db.begin_read()?;
-            let t = txn.open_table(UNFINISHED_VOLUMES)?;
-            let mut ids = Vec::new();
-            for entry in t.iter()? {
-                ids.push(entry?.0.value().to_string());
-            }
-            ids
-        };
-        self.volumes_of(ids)
+        let settled = self.settle()?;
+        self.volumes_of(index::unfinished_ids(&self.db, &settled)?)
     }
 
     /// The records of `ids` that exist (an index may name one removed since).
@@ -688,21 +679,8 @@ impl Store {
     /// Every volume that has any state on `node` (for the node's restart
     /// reconciliation); cost grows with that node's volumes only.
     pub fn volumes_on_node(&self, node: &str) -> StoreResult<Vec<Volume>> {
-        self.settle()?;
-        let ids: Vec<String> = {
-            let txn = self.db.begin_read()?;
-            let t = txn.open_table(NODE_VOLUMES)?;
-            let (lo, hi) = prefix_bounds(node);
-            let mut ids = Vec::new();
-            for entry in t.range::<&str>(lo.as_str()..hi.as_str())? {
-                let (k, _) = entry?;
-                if let Some((_, vol)) = k.value().split_once('\0') {
-                    ids.push(vol.to_string());
-                }
-            }
-            ids
-        };
-        self.volumes_of(ids)
+        let settled = self.settle()?;
+        self.volumes_of(index::ids_on_node(&self.db, &settled, node)?)
     }
 
     /// Bytes of every volume and snapshot (pending changes are of volumes
@@ -811,9 +789,9 @@ fn apply(txn: &redb::WriteTransaction, op: &Op, limits: &Limits) -> StoreResult<
     match op {
         Op::PutVolume(vol) => write_volume(txn, vol, &encode(vol)?, limits),
         Op::RemoveVolume(id) => {
-            txn.open_table(UNFINISHED_VOLUMES)?.remove(id.as_str())?;
+            index::unfinished(txn)?.remove(id.as_str())?;
             if let Some(old) = take::<Volume>(txn, VOLUMES, "volumes", id)? {
-                release_name(txn, VOLUME_NAMES, &old.name, id)?;
+                index::release_name(txn, &old.name, id)?;
                 adjust(txn, ALLOCATED, old.capacity_bytes, 0)?;
                 reindex_nodes(txn, Some(&old), None)?;
             }
@@ -1519,12 +1497,11 @@ fn write_volume(
     // Index writes that change nothing still dirty their table's pages, and
     // most puts (a stage, a publish) change only the record itself.
     if old.as_ref().is_none_or(|o| o.name != vol.name) {
-        txn.open_table(VOLUME_NAMES)?
-            .insert(vol.name.as_str(), vol.id.as_str())?;
+        index::names(txn)?.insert(vol.name.as_str(), vol.id.as_str())?;
     }
     let is_ready = |v: &Volume| v.lifecycle == crate::volume::Lifecycle::Ready;
     if old.as_ref().is_none_or(|o| is_ready(o) != is_ready(vol)) {
-        let mut unfinished = txn.open_table(UNFINISHED_VOLUMES)?;
+        let mut unfinished = index::unfinished(txn)?;
         if is_ready(vol) {
             unfinished.remove(vol.id.as_str())?;
         } else {
@@ -1536,7 +1513,7 @@ fn write_volume(
     reindex_nodes(txn, old.as_ref(), Some(vol))
 }
 
-/// Fills UNFINISHED_VOLUMES from every record (once per store).
+/// Fills the unfinished index from every record (once per store).
 fn index_unfinished(txn: &redb::WriteTransaction) -> StoreResult<()> {
     let mut ids = Vec::new();
     {
@@ -1550,7 +1527,7 @@ fn index_unfinished(txn: &redb::WriteTransaction) -> StoreResult<()> {
             }
         }
     }
-    let mut index = txn.open_table(UNFINISHED_VOLUMES)?;
+    let mut index = index::unfinished(txn)?;
     for id in ids {
         index.insert(id.as_str(), ())?;
     }
@@ -1596,11 +1573,11 @@ fn quarantine_in(
     if table != "volumes" {
         return Ok(());
     }
-    txn.open_table(UNFINISHED_VOLUMES)?.remove(id)?;
+    index::unfinished(txn)?.remove(id)?;
     let suffix = format!("\0{id}");
     let mut stale = Vec::new();
     {
-        let index = txn.open_table(NODE_VOLUMES)?;
+        let index = index::nodes(txn)?;
         for entry in index.iter()? {
             let (k, v) = entry?;
             if k.value().ends_with(&suffix) {
@@ -1608,7 +1585,7 @@ fn quarantine_in(
             }
         }
     }
-    let mut index = txn.open_table(NODE_VOLUMES)?;
+    let mut index = index::nodes(txn)?;
     for (key, attached) in stale {
         index.remove(key.as_str())?;
         if attached == 1 {
@@ -1657,7 +1634,7 @@ fn adjust(txn: &redb::WriteTransaction, key: &str, minus: u64, plus: u64) -> Sto
     Ok(())
 }
 
-/// Keeps NODE_VOLUMES and the per-node attached counters equal to what the
+/// Keeps the node index and the per-node attached counters equal to what the
 /// volume records say, touching only the nodes this volume is on.
 fn reindex_nodes(
     txn: &redb::WriteTransaction,
@@ -1675,7 +1652,7 @@ fn reindex_nodes(
     nodes.sort_unstable();
     nodes.dedup();
     let id = new.or(old).map(|v| v.id.as_str()).unwrap_or_default();
-    let mut index = txn.open_table(NODE_VOLUMES)?;
+    let mut index = index::nodes(txn)?;
     for node in nodes {
         let (before, after) = (state(old, node), state(new, node));
         if before == after {
