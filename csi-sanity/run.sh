@@ -16,8 +16,10 @@ fi
 # binary built on CSI spec v1.10, get only the v1.10 ones advertised.
 spec=1.12
 grep -q GET_SNAPSHOT "$sanity" || spec=1.10
-read -r major minor < <("$sanity" --version 2>/dev/null | sed -n 's/.*v\([0-9]*\)\.\([0-9]*\).*/\1 \2/p') || true
-if [ -n "${major:-}" ] && { [ "$major" -lt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -le 4 ]; }; }; then
+# A build past a tag describes itself as vX.Y.Z-N-gHASH: newer than the tag.
+read -r major minor past < <("$sanity" --version 2>/dev/null |
+  sed -n 's/.*v\([0-9]*\)\.\([0-9]*\)\.[0-9]*\(-[0-9]*-g\)\{0,1\}.*/\1 \2 \3/p') || true
+if [ -n "${major:-}" ] && [ -z "${past:-}" ] && { [ "$major" -lt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -le 4 ]; }; }; then
   spec=1.10
 fi
 
