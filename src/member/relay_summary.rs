@@ -23,13 +23,18 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
         writer,
         watcher(Api::<RelayVolume>::all(watch_client), config).default_backoff(),
     );
+    let view = reader.clone();
     let start = move |driver: Driver| {
         tokio::spawn(async move {
             use tokio_stream::StreamExt;
             let mut stream = Box::pin(stream.applied_objects());
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(obj) => catch_up(&driver, &obj).await,
+                    Ok(obj) => {
+                        if catch_up(&driver, &obj).await == Turn::Busy {
+                            later(driver.clone(), view.clone(), obj.spec.volume_id.clone());
+                        }
+                    }
                     Err(e) => {
                         tracing::debug!(error = %e, "RelayVolume watch interrupted; resuming")
                     }
@@ -40,20 +45,49 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
     (reader, start)
 }
 
+#[derive(PartialEq)]
+enum Turn {
+    Done,
+    /// A call holds the volume.
+    Busy,
+}
+
+/// Pause before a busy volume is looked at again, and how often at most.
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
+const RETRIES: u32 = 50;
+
+/// Looks at volume `id`'s object again once the call holding it is done:
+/// that call's own write may have folded in entries older than the ones
+/// that woke this (its view lagged the watch), and no later event comes.
+fn later(driver: Driver, view: Store<RelayVolume>, id: String) {
+    tokio::spawn(async move {
+        for _ in 0..RETRIES {
+            tokio::time::sleep(RETRY_PAUSE).await;
+            let name = crate::member::relay_volume::object_name(&id);
+            let Some(obj) = view.get(&reflector::ObjectRef::new(&name)) else {
+                return;
+            };
+            if catch_up(&driver, &obj).await == Turn::Done {
+                return;
+            }
+        }
+    });
+}
+
 /// Re-applies the controller's view when the object's summary lags.
-async fn catch_up(driver: &Driver, obj: &RelayVolume) {
+async fn catch_up(driver: &Driver, obj: &RelayVolume) -> Turn {
     let id = obj.spec.volume_id.clone();
     // Under the volume's guard: a call deleting it meanwhile would
     // otherwise be followed by this (older) state, and the object would
-    // come back. A busy volume is caught up by its call's own write.
+    // come back. A busy volume is looked at again after its call.
     let Ok(_guard) = driver
         .limiter
         .try_acquire(&[crate::limiter::volume_key(&id)])
     else {
-        return;
+        return Turn::Busy;
     };
     let Ok(Some(vol)) = driver.find_volume(&id).await else {
-        return;
+        return Turn::Done;
     };
     let (phase, nodes) = summary(&vol, obj.status.as_ref());
     let current = obj.status.as_ref();
@@ -63,4 +97,5 @@ async fn catch_up(driver: &Driver, obj: &RelayVolume) {
         tracing::debug!(volume_id = %id, phase, nodes, "RelayVolume summary catches up with its entries");
         driver.publish_state(&vol).await;
     }
+    Turn::Done
 }
