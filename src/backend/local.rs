@@ -8,8 +8,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::backend::dir_pool::{self, DirPool};
 use crate::backend::dir_sync::DirSync;
+use crate::backend::pool_leftovers::{self, PoolLeftovers};
 use crate::backend::trash::{remove_any, Trash};
 use crate::backend::{
     requested_topology, sparse_copy, tree_copy::copy_tree, Backend, DataKind, Health, NodeSource,
@@ -31,7 +31,7 @@ pub struct LocalBackend {
     snapshots: std::sync::Arc<DirSync>,
     trash: std::sync::Arc<Trash>,
     /// Empty directory volumes made ahead of their creates.
-    pool: std::sync::Arc<DirPool>,
+    pool: std::sync::Arc<PoolLeftovers>,
     node_id: String,
     peer_nodes: Vec<String>,
     capacity: Option<u64>,
@@ -199,8 +199,8 @@ impl LocalBackend {
         let trash = Trash::open(trash_dir.clone())
             .map_err(|e| CsiError::io("create directory", &trash_dir, e))?;
         let pool_dir = state_dir.join("pool");
-        let pool = DirPool::open(pool_dir.clone())
-            .map_err(|e| CsiError::io("open the directory pool", &pool_dir, e))?;
+        let pool = PoolLeftovers::open(pool_dir.clone())
+            .map_err(|e| CsiError::io("read the directory pool", &pool_dir, e))?;
         Ok(LocalBackend {
             volumes: std::sync::Arc::new(DirSync::new(&volumes)),
             snapshots: std::sync::Arc::new(DirSync::new(&snapshots)),
@@ -331,7 +331,7 @@ impl Backend for LocalBackend {
         let backing = decide_backing(caps, params.backing)?;
         let topology = requested_topology(self.volume_topology(), req)?;
         Ok(Placement {
-            id: dir_pool::new_volume_id(),
+            id: pool_leftovers::new_volume_id(),
             backing,
             topology,
             context: BTreeMap::new(),
@@ -350,19 +350,7 @@ impl Backend for LocalBackend {
         let size = vol.capacity_bytes;
         let backing = vol.backing.clone();
         let parent = self.volumes.clone();
-        let pool = self.pool.clone();
-        let id = vol.id.clone();
         blocking(move || {
-            // An empty directory made ahead (`premade`): its durable record
-            // stands for the rename, which start-up redoes if a power cut
-            // undid it (`restore_premade`).
-            if matches!((&backing, &src), (Backing::Directory, None))
-                && pool
-                    .place(&id, &dst)
-                    .map_err(|e| CsiError::io("move into place", &dst, e))?
-            {
-                return Ok(());
-            }
             create_atomically(&parent, &dst, |tmp| match (&backing, &src) {
                 (Backing::Member { .. }, _) => Err(io::Error::other("not a local volume")),
                 (Backing::Directory, None) => world_writable_dir(tmp),
@@ -382,15 +370,8 @@ impl Backend for LocalBackend {
         .await
     }
 
-    fn premade(&self, backing: &Backing) -> Option<String> {
-        match backing {
-            Backing::Directory => self.pool.take(),
-            Backing::BlockFile { .. } | Backing::Member { .. } => None,
-        }
-    }
-
     fn premade_leftovers(&self) -> Vec<String> {
-        self.pool.leftovers()
+        self.pool.take()
     }
 
     async fn restore_premade(&self, owned: &[String]) -> CsiResult<usize> {
@@ -438,6 +419,7 @@ impl Backend for LocalBackend {
                         .map_err(|e| CsiError::io("discard pooled directory", &entry, e))?;
                 }
             }
+            pool.remove_empty();
             Ok(())
         })
         .await
@@ -661,17 +643,16 @@ mod tests {
         assert_eq!(placed.backing, Backing::Directory);
     }
 
-    // A premade create only renames: no directory sync of its own. What
-    // an earlier run left in the pool goes into place (a lost rename), is
-    // discarded when the volume's directory is there apart from it, or is
-    // discarded as unowned, data and all.
+    // What an earlier build's directory pool left goes into place (a lost
+    // rename), is discarded when the volume's directory is there apart
+    // from it, or is discarded as unowned, data and all.
     #[tokio::test]
-    async fn premade_directories_are_placed_without_a_sync_and_leftovers_settled() {
+    async fn an_earlier_pools_leftovers_are_settled() {
         let tmp = tempfile::tempdir().unwrap();
         let (lost, apart, unowned) = (
-            dir_pool::new_volume_id(),
-            dir_pool::new_volume_id(),
-            dir_pool::new_volume_id(),
+            pool_leftovers::new_volume_id(),
+            pool_leftovers::new_volume_id(),
+            pool_leftovers::new_volume_id(),
         );
         let pooled = tmp.path().join("pool/a");
         fs::create_dir_all(&pooled).unwrap();
@@ -706,33 +687,10 @@ mod tests {
             .unwrap();
         assert!(b.pool.entry(&unowned).is_none());
 
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let id = loop {
-            if let Some(id) = b.premade(&Backing::Directory) {
-                break id;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no premade directory in 10 s"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        let syncs = b.volumes.syncs();
-        b.create_volume(&crate::volume::sample(&id, "premade"), None)
-            .await
-            .unwrap();
-        assert!(volumes.join(&id).is_dir());
-        assert!(b.pool.entry(&id).is_none());
-        assert_eq!(
-            b.volumes.syncs(),
-            syncs,
-            "a premade create syncs no directory"
+        assert!(
+            !tmp.path().join("pool").exists(),
+            "the emptied pool is gone"
         );
-        // Another create makes its own directory and syncs it.
-        b.create_volume(&crate::volume::sample("vol-own", "own"), None)
-            .await
-            .unwrap();
-        assert_eq!(b.volumes.syncs(), syncs + 1);
     }
 
     #[test]

@@ -7,9 +7,9 @@
 //! keyed by the driver's own record ids, so a retry after a timeout, a crash
 //! or a cancelled RPC converges on the same result without duplicates.
 
-pub mod dir_pool;
 pub mod dir_sync;
 pub mod local;
+pub mod pool_leftovers;
 pub mod sparse_copy;
 pub mod trash;
 pub mod tree_copy;
@@ -192,15 +192,8 @@ pub trait Backend: Send + Sync + 'static {
     /// retry after a partial attempt completes it.
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()>;
 
-    /// The id of storage made ahead for a new `backing` volume with no
-    /// content source, already durable (see `dir_pool`): the new volume
-    /// takes that id, and `create_volume` then only puts it in place.
-    /// `None` when the backend keeps none or has none ready.
-    fn premade(&self, _backing: &Backing) -> Option<String> {
-        None
-    }
-
-    /// Ids of premade storage an earlier run left, once, at start-up.
+    /// Ids of storage an earlier build made ahead and left, once, at
+    /// start-up (see `pool_leftovers`).
     fn premade_leftovers(&self) -> Vec<String> {
         Vec::new()
     }

@@ -205,17 +205,9 @@ pub async fn create_volume(
                 capacity: Some(d.backend.total_capacity().await?),
             };
             let (secs, _) = now();
-            // Storage made ahead needs no sync of its own: the record's
-            // durable commit is all this create waits for. (If that commit
-            // fails, the directory stays in the pool's, unowned, and the
-            // next start discards it.)
-            let premade = match source {
-                None => d.backend.premade(&placement.backing),
-                Some(_) => None,
-            };
-            let overlap = alone && premade.is_none();
+            let overlap = alone;
             let vol = state::provisioning(NewVolume {
-                id: premade.unwrap_or(placement.id),
+                id: placement.id,
                 name: name.clone(),
                 capacity_bytes: size,
                 backing: placement.backing,
