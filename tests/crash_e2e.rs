@@ -14,14 +14,10 @@ use std::time::Duration;
 use common::req::snw;
 use csi_relay::csi;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, ListParams};
 use tonic::Code;
 
-use e2e_support::{
-    eventually, map_host_node, member_create, publish_request, relay_made, start_member_relay,
-    until_ok,
-};
+use e2e_support::{map_host_node, member_create, publish_request, start_member_relay, until_ok};
 
 const ROUNDS: u64 = 20;
 
@@ -43,7 +39,6 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
     )
     .await;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), &env.namespace);
-    let vas: Api<VolumeAttachment> = Api::all(member.clone());
     let run = std::process::id();
     let mut ids = Vec::new();
     for round in 0..ROUNDS {
@@ -84,15 +79,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
 
         // The CO retries the create (same name) and the publish.
         let c = d.controller();
-        let vol = until_ok("CreateVolume retry", || {
-            let mut c = c.clone();
-            let req = member_create(&env, &name, 1 << 24);
-            async move { c.create_volume(req).await }
-        })
-        .await
-        .into_inner()
-        .volume
-        .expect("a volume");
+        let vol = e2e_support::create_until_ok(&c, &env, &name, 1 << 24).await;
         let mine: Vec<PersistentVolumeClaim> = pvcs
             .list(&ListParams::default().labels("app.kubernetes.io/managed-by=csi-relay"))
             .await
@@ -122,60 +109,13 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
     }
 
     // Unwind every flow as the CO would.
-    for id in &ids {
-        let c = d.controller();
-        until_ok("ControllerUnpublishVolume", || {
-            let mut c = c.clone();
-            let req = csi::ControllerUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                node_id: host_node.clone(),
-                ..Default::default()
-            };
-            async move { c.controller_unpublish_volume(req).await }
-        })
-        .await;
-        until_ok("DeleteVolume", || {
-            let mut c = c.clone();
-            let req = csi::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            };
-            async move { c.delete_volume(req).await }
-        })
-        .await;
-    }
+    e2e_support::unwind(&d.controller(), &ids, &host_node).await;
     let prefix = format!("crash-{run}-");
     // For a post-mortem: the driver's log outlives its temp dir.
     if let Ok(path) = std::env::var("RELAY_E2E_KEEP_LOG") {
         let _ = std::fs::write(&path, format!("ids: {ids:?}\n{}", d.log()));
     }
-    eventually(
-        "no member PVC and no relay-made member attachment",
-        Duration::from_secs(120),
-        || {
-            let (pvcs, vas, prefix) = (pvcs.clone(), vas.clone(), prefix.clone());
-            async move {
-                let left_pvcs = pvcs
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .filter(|p| {
-                        p.metadata
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get("relay.csi.dev/volume-name"))
-                            .is_some_and(|n| n.starts_with(&prefix))
-                    })
-                    .count();
-                let left_vas =
-                    relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
-                (left_pvcs == 0 && left_vas == 0).then_some(())
-            }
-        },
-    )
-    .await;
+    e2e_support::nothing_left_in_member(&member, &env.namespace, &prefix).await;
     map_host_node(&host, &host_node, None).await;
     d.stop_gracefully().await;
 }

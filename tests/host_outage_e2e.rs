@@ -13,20 +13,13 @@ mod e2e_support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::req::snw;
 use csi_relay::csi;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, ListParams};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::Code;
 
-use e2e_support::{
-    eventually, map_host_node, member_create, publish_request, relay_made, start_member_relay,
-    until_ok,
-};
+use e2e_support::{map_host_node, member_create, publish_request, start_member_relay, until_ok};
 
 /// A TCP relay to the host API server that can be cut: while cut, it
 /// drops every connection it holds and every new one at once.
@@ -142,8 +135,6 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
     env.host_kubeconfig = kubeconfig;
 
     let mut d = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), &env.namespace);
-    let vas: Api<VolumeAttachment> = Api::all(member.clone());
     let run = std::process::id();
     let mut ids = Vec::new();
     let mut refused = 0;
@@ -193,15 +184,7 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
             );
         }
         // The CO retries what failed, and repeats what it was told.
-        let vol = until_ok("CreateVolume retry", || {
-            let mut c = c.clone();
-            let req = member_create(&env, &name, 1 << 24);
-            async move { c.create_volume(req).await }
-        })
-        .await
-        .into_inner()
-        .volume
-        .expect("a volume");
+        let vol = e2e_support::create_until_ok(&c, &env, &name, 1 << 24).await;
         if let Some(first) = &answered {
             assert_eq!(first.volume_id, vol.volume_id, "the same volume");
         }
@@ -215,56 +198,9 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
     }
     eprintln!("{refused} of {ROUNDS} creates were refused during the outage (UNAVAILABLE), the rest were known to the next controller");
 
-    for id in &ids {
-        let c = d.controller();
-        until_ok("ControllerUnpublishVolume", || {
-            let mut c = c.clone();
-            let req = csi::ControllerUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                node_id: host_node.clone(),
-                ..Default::default()
-            };
-            async move { c.controller_unpublish_volume(req).await }
-        })
-        .await;
-        until_ok("DeleteVolume", || {
-            let mut c = c.clone();
-            let req = csi::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            };
-            async move { c.delete_volume(req).await }
-        })
-        .await;
-    }
+    e2e_support::unwind(&d.controller(), &ids, &host_node).await;
     let prefix = format!("outage-{run}-");
-    eventually(
-        "no member PVC and no relay-made member attachment",
-        Duration::from_secs(120),
-        || {
-            let (pvcs, vas, prefix) = (pvcs.clone(), vas.clone(), prefix.clone());
-            async move {
-                let left_pvcs = pvcs
-                    .list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .into_iter()
-                    .filter(|p| {
-                        p.metadata
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get("relay.csi.dev/volume-name"))
-                            .is_some_and(|n| n.starts_with(&prefix))
-                    })
-                    .count();
-                let left_vas =
-                    relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
-                (left_pvcs == 0 && left_vas == 0).then_some(())
-            }
-        },
-    )
-    .await;
+    e2e_support::nothing_left_in_member(&member, &env.namespace, &prefix).await;
     map_host_node(&host, &host_node, None).await;
     d.stop_gracefully().await;
 }

@@ -22,17 +22,23 @@ use crate::store::Store;
 const RV: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
 const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
 
-fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
+/// A controller over member "east", its host cluster's writer, and the
+/// two clusters' mock API servers.
+fn controller(dir: &std::path::Path) -> (Driver, RelayVolumeObserver, MockApi, MockApi) {
     let (east, member) = testing::member("east");
     let (host, host_api) = testing::host();
     let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
         .with_virtual_nodes(crate::registrar::NodeSelector::default());
     let config = DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
-    let d =
-        Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend)).with_observer(Arc::new(
-            RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl")),
-        ));
-    (d, member, host_api)
+    let writer = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
+    let d = Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend));
+    (d, writer, member, host_api)
+}
+
+/// The controller with its RelayVolumes written as an observer.
+fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
+    let (d, writer, member, host_api) = controller(dir);
+    (d.with_observer(Arc::new(writer)), member, host_api)
 }
 
 fn capability() -> csi::VolumeCapability {
@@ -448,18 +454,9 @@ async fn mirrored(host: &mut MockApi) -> String {
 }
 
 fn mirrored_driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
-    let (east, member) = testing::member("east");
-    let (host, host_api) = testing::host();
-    let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
-        .with_virtual_nodes(crate::registrar::NodeSelector::default());
-    let config = DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
-    let mirror = crate::member::mirror::RelayMirror::new(RelayVolumeObserver::new(
-        host,
-        Role::for_mode(Mode::Controller, "ctrl"),
-    ));
-    let d = Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend))
-        .with_mirror(Arc::new(mirror));
-    (d, member, host_api)
+    let (d, writer, member, host_api) = controller(dir);
+    let mirror = crate::member::mirror::RelayMirror::new(writer);
+    (d.with_mirror(Arc::new(mirror)), member, host_api)
 }
 
 // A controller that loses its state dir rebuilds from RelayVolumes: a call

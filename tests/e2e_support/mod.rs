@@ -222,3 +222,90 @@ pub fn plugins_dir(driver: &str, sock: &str) -> tempfile::TempDir {
         .expect("plugin socket link");
     plugins
 }
+
+/// Unwinds volumes as the CO would: ControllerUnpublishVolume from `node`,
+/// then DeleteVolume, each retried until it succeeds.
+pub async fn unwind(
+    controller: &csi_relay::csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    ids: &[String],
+    node: &str,
+) {
+    use csi_relay::csi;
+    for id in ids {
+        until_ok("ControllerUnpublishVolume", || {
+            let mut c = controller.clone();
+            let req = csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: node.to_string(),
+                ..Default::default()
+            };
+            async move { c.controller_unpublish_volume(req).await }
+        })
+        .await;
+        until_ok("DeleteVolume", || {
+            let mut c = controller.clone();
+            let req = csi::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            };
+            async move { c.delete_volume(req).await }
+        })
+        .await;
+    }
+}
+
+/// Waits until the member holds no PVC whose volume name starts with
+/// `prefix` and no attachment the relay made.
+pub async fn nothing_left_in_member(member: &Client, namespace: &str, prefix: &str) {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::api::ListParams;
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), namespace);
+    let vas: Api<VolumeAttachment> = Api::all(member.clone());
+    eventually(
+        "no member PVC and no relay-made member attachment",
+        Duration::from_secs(120),
+        || {
+            let (pvcs, vas, prefix) = (pvcs.clone(), vas.clone(), prefix.to_string());
+            async move {
+                let left_pvcs = pvcs
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .filter(|p| {
+                        p.metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get("relay.csi.dev/volume-name"))
+                            .is_some_and(|n| n.starts_with(&prefix))
+                    })
+                    .count();
+                let left_vas =
+                    relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
+                (left_pvcs == 0 && left_vas == 0).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// CreateVolume of `name` on the environment's member, retried as the CO
+/// does until it succeeds.
+pub async fn create_until_ok(
+    controller: &csi_relay::csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    env: &Env,
+    name: &str,
+    bytes: i64,
+) -> csi_relay::csi::Volume {
+    until_ok("CreateVolume", || {
+        let mut c = controller.clone();
+        let req = member_create(env, name, bytes);
+        async move { c.create_volume(req).await }
+    })
+    .await
+    .into_inner()
+    .volume
+    .expect("a volume")
+}
