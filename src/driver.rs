@@ -173,7 +173,7 @@ impl Driver {
 
     /// Commits a volume record, then tells the observers.
     pub async fn put_volume(&self, vol: &Volume) -> CsiResult<()> {
-        self.put_volume_limited(vol, Limits::none()).await
+        self.put_volume_limited(vol, Limits::default()).await
     }
 
     /// Commits a volume record unless it would go past `limits` (too many
@@ -208,7 +208,7 @@ impl Driver {
         }
         let record = Arc::new(vol.clone());
         self.write(vol, Write::Put, move |s| {
-            s.put_shared(record, false, Limits::none())
+            s.put_shared(record, false, Limits::default())
         })
         .await
     }

@@ -79,8 +79,7 @@ pub async fn promote_created(d: &Driver) -> CsiResult<usize> {
 /// ahead that an earlier build left (see `backend::pool_leftovers`). An entry a
 /// volume record owns was taken by a create whose move into place a power
 /// cut undid: it goes into place again before any call can need it. The
-/// rest are discarded in the background (no create can take them: the
-/// pool hands out only what it makes), off the way to Probe ready.
+/// rest are discarded in the background, off the way to Probe ready.
 /// Returns how many were put in place.
 pub async fn settle_premade(d: &Driver) -> CsiResult<usize> {
     let leftovers = d.backend.premade_leftovers();

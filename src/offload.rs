@@ -10,8 +10,9 @@
 //! Tokio's pool hands a job to an idle thread and counts it taken at once,
 //! so a call never queues behind another that hangs in the kernel (an NFS
 //! mount): it gets a thread of its own, up to the runtime's bound. An own
-//! pool kept here before saved a few MB of peak RSS at 64 clients, lost a
-//! call behind a hung one, and won nothing in throughput.
+//! pool kept here before saved 5-7 MB of peak RSS at 64 clients, could
+//! queue a call behind a hung one, and in throughput won 2 of relay-bench's
+//! 4 figures by more than 5 % and lost the other 2 (README).
 
 use std::cell::Cell;
 use std::fmt;
@@ -46,7 +47,7 @@ impl fmt::Display for NoAnswer {
 }
 
 /// Runs `f` where it may block: in place on a thread that may, otherwise
-/// on a call thread.
+/// on a blocking thread.
 pub async fn blocking<T, F>(f: F) -> Result<T, NoAnswer>
 where
     T: Send + 'static,
@@ -58,7 +59,7 @@ where
     start(f).await
 }
 
-/// Starts `f` on another call thread now, to overlap the caller's own
+/// Starts `f` on a blocking thread now, to overlap the caller's own
 /// work; its answer is awaited later.
 pub fn start<T, F>(f: F) -> impl Future<Output = Result<T, NoAnswer>>
 where
@@ -82,7 +83,7 @@ where
 }
 
 /// Runs a whole call (its commits, syncs and storage steps) on one
-/// call thread: one hop for the call instead of one per step.
+/// blocking thread: one hop for the call instead of one per step.
 /// Its awaits on the network still work there, woken by the runtime.
 pub async fn call<T, F>(what: &'static str, call: F) -> CsiResult<T>
 where
@@ -92,7 +93,7 @@ where
     call_within(IN_FLIGHT.get().map(|b| &b.turns), what, call).await
 }
 
-/// Calls on call threads at once, when bounded (`limit_calls`).
+/// Calls on blocking threads at once, when bounded (`limit_calls`).
 static IN_FLIGHT: OnceLock<Bound> = OnceLock::new();
 
 struct Bound {
@@ -100,7 +101,7 @@ struct Bound {
     size: usize,
 }
 
-/// How many calls hold a turn on a call thread now (the caller's
+/// How many calls hold a turn on a blocking thread now (the caller's
 /// included); `None` when calls are not bounded and so not counted.
 pub fn calls_in_flight() -> Option<usize> {
     IN_FLIGHT.get().map(Bound::taken)
@@ -120,7 +121,7 @@ impl Bound {
     }
 }
 
-/// Bounds the calls that run on call threads at once; the rest wait
+/// Bounds the calls that run on blocking threads at once; the rest wait
 /// for a turn on the async thread, where waiting costs a few bytes, not a
 /// thread. Set once, at start.
 ///

@@ -16,10 +16,10 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::group_commit::{GroupCommit, Round};
 use crate::overlay::{Counts, Delta, Overlay, Settled};
-
-mod index;
 use crate::volume::{GroupSnapshot, Snapshot, Volume};
 use crate::wal::Wal;
+
+mod index;
 
 const VOLUMES: TableDefinition<&str, &[u8]> = TableDefinition::new("volumes");
 const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
@@ -108,10 +108,6 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn none() -> Self {
-        Limits::default()
-    }
-
     /// Refuses `new` replacing `old` when it attaches to the limited node
     /// past its maximum (`attached` reads that node's count) or grows past
     /// the capacity (`allocated` reads the bytes allocated).
@@ -500,7 +496,7 @@ impl Store {
             table: table.to_string(),
             ids: ids.to_vec(),
         };
-        self.write(true, op, Limits::none())
+        self.write(true, op, Limits::default())
     }
 
     /// How many records are in quarantine.
@@ -601,7 +597,7 @@ impl Store {
     /// Inserts or replaces a volume record and keeps every index in step;
     /// durable when this returns.
     pub fn put_volume(&self, vol: &Volume) -> StoreResult<()> {
-        self.put_volume_limited(vol, Limits::none())
+        self.put_volume_limited(vol, Limits::default())
     }
 
     /// Like `put_volume`, but commits nothing and answers `AttachLimit` or
@@ -622,16 +618,16 @@ impl Store {
     /// witness (the mount table, the backend's data). It becomes durable
     /// with the next durable commit.
     pub fn put_volume_lazily(&self, vol: &Volume) -> StoreResult<()> {
-        self.put_shared(Arc::new(vol.clone()), false, Limits::none())
+        self.put_shared(Arc::new(vol.clone()), false, Limits::default())
     }
 
     pub fn remove_volume(&self, id: &str) -> StoreResult<()> {
-        self.write(true, Op::RemoveVolume(id.to_string()), Limits::none())
+        self.write(true, Op::RemoveVolume(id.to_string()), Limits::default())
     }
 
     /// Like `remove_volume`, lazily (see `put_volume_lazily`).
     pub fn remove_volume_lazily(&self, id: &str) -> StoreResult<()> {
-        self.write(false, Op::RemoveVolume(id.to_string()), Limits::none())
+        self.write(false, Op::RemoveVolume(id.to_string()), Limits::default())
     }
 
     pub fn list_volumes(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Volume>> {
@@ -706,12 +702,12 @@ impl Store {
         self.write(
             true,
             Op::PutSnapshot(Box::new(snap.clone())),
-            Limits::none(),
+            Limits::default(),
         )
     }
 
     pub fn remove_snapshot(&self, id: &str) -> StoreResult<()> {
-        self.write(true, Op::RemoveSnapshot(id.to_string()), Limits::none())
+        self.write(true, Op::RemoveSnapshot(id.to_string()), Limits::default())
     }
 
     pub fn list_snapshots(&self, after: Option<&str>, limit: usize) -> StoreResult<Page<Snapshot>> {
@@ -776,11 +772,15 @@ impl Store {
     }
 
     pub fn put_group(&self, group: &GroupSnapshot) -> StoreResult<()> {
-        self.write(true, Op::PutGroup(Box::new(group.clone())), Limits::none())
+        self.write(
+            true,
+            Op::PutGroup(Box::new(group.clone())),
+            Limits::default(),
+        )
     }
 
     pub fn remove_group(&self, id: &str) -> StoreResult<()> {
-        self.write(true, Op::RemoveGroup(id.to_string()), Limits::none())
+        self.write(true, Op::RemoveGroup(id.to_string()), Limits::default())
     }
 }
 
@@ -877,7 +877,7 @@ fn replay(txn: &redb::WriteTransaction, dir: &Path) -> StoreResult<(Wal, usize)>
             ))
         })?;
         for op in &ops {
-            apply(txn, op, &Limits::none())?;
+            apply(txn, op, &Limits::default())?;
         }
     }
     if replayed > 0 {
@@ -1334,7 +1334,9 @@ fn apply_pending(txn: &redb::WriteTransaction, log: &mut Log) -> Result<(), Stri
                 // Only volume changes wait here; anything else is applied.
                 id.is_none() || matches!(d.op, Op::RemoveVolume(_)) || last.get(&id) == Some(i)
             })
-            .try_for_each(|(_, d)| apply_encoded(txn, &d.op, d.record.as_deref(), &Limits::none()))
+            .try_for_each(|(_, d)| {
+                apply_encoded(txn, &d.op, d.record.as_deref(), &Limits::default())
+            })
     };
     applied.map_err(|e| log.fail_applying(&e))
 }
@@ -2318,7 +2320,7 @@ mod tests {
         let op = Op::PutVolume(Arc::new(v));
         let txn = store.db.begin_write().unwrap();
         for op in [op, Op::RemoveVolume("a".into())] {
-            let encoded = apply_and_encode(&txn, &op, &Limits::none()).unwrap();
+            let encoded = apply_and_encode(&txn, &op, &Limits::default()).unwrap();
             let mut logged = Vec::new();
             encoded.log_into(&mut logged);
             assert_eq!(logged, serde_json::to_vec(&op).unwrap());

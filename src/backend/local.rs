@@ -30,7 +30,7 @@ pub struct LocalBackend {
     volumes: std::sync::Arc<DirSync>,
     snapshots: std::sync::Arc<DirSync>,
     trash: std::sync::Arc<Trash>,
-    /// Empty directory volumes made ahead of their creates.
+    /// What an earlier build's directory pool left, until start-up settles it.
     pool: std::sync::Arc<PoolLeftovers>,
     node_id: String,
     peer_nodes: Vec<String>,
@@ -480,15 +480,14 @@ impl Backend for LocalBackend {
                 // staged here, or the freeze refused) it is crash-consistent.
                 // Only the filesystem on this volume's own loop device is
                 // ever frozen (see `freeze_device_mount`).
-                let device = match loopdev::find(&src) {
-                    Ok(device) => device,
+                let device = |mount: PathBuf| match loopdev::find(&src) {
+                    Ok(device) => device.map(|device| (mount, device)),
                     Err(e) => {
                         tracing::warn!(volume_id = %id, error = %e, "cannot look up the volume's loop device; not frozen");
                         None
                     }
                 };
-                let target = staged.zip(device);
-                let _frozen = target.and_then(|(mount, device)| match freeze_device_mount(&mount, &device, &protected) {
+                let _frozen = staged.and_then(device).and_then(|(mount, device)| match freeze_device_mount(&mount, &device, &protected) {
                     Ok(f) => {
                         tracing::debug!(volume_id = %id, mount = %mount.display(), "filesystem frozen for the snapshot copy");
                         Some(f)

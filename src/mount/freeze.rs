@@ -53,10 +53,6 @@ pub fn freeze_device_mount(
             protected.display()
         )));
     }
-    freeze_open(dir)
-}
-
-fn freeze_open(dir: File) -> io::Result<Frozen> {
     let mut arg = 0;
     // SAFETY: the descriptor is an open directory on the filesystem to
     // freeze; the kernel ignores the int argument.

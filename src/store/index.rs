@@ -77,7 +77,7 @@ pub(super) fn ids_on_node(
 ) -> StoreResult<Vec<String>> {
     let txn = db.begin_read()?;
     let t = txn.open_table(NODE_VOLUMES)?;
-    let (lo, hi) = (format!("{node}\0"), format!("{node}\u{1}"));
+    let (lo, hi) = super::prefix_bounds(node);
     let mut ids = Vec::new();
     for entry in t.range::<&str>(lo.as_str()..hi.as_str())? {
         let (k, _) = entry?;
