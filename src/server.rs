@@ -22,7 +22,7 @@ use crate::member::backend::MemberBackend;
 use crate::member::cluster::Cluster;
 use crate::member::config::{connect_host, connect_member};
 use crate::member::mirror::RelayMirror;
-use crate::member::relay_volume::{lagging, rebuild, RelayVolumeObserver, Role};
+use crate::member::relay_volume::{rebuild, RelayVolumeObserver, Role};
 use crate::service::{
     controller::ControllerService, group_controller::GroupControllerService,
     identity::IdentityService, node::NodeService,
@@ -169,16 +169,14 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
     if let Some(host) = host {
         let role = Role::for_mode(args.mode, &args.node_id);
         let mut mirror: Option<Arc<RelayMirror>> = None;
-        let node_writer = RelayVolumeObserver::new(host.clone(), role.clone());
+        let writer = RelayVolumeObserver::new(host.clone(), role);
         if args.mode.controller() {
             let watches =
                 crate::member::config::connect_host_for_watches(args.host_kubeconfig.as_deref())
                     .await
                     .map_err(StartError::Config)?;
             let (view, start_summary) = crate::member::relay_summary::watch(watches);
-            let controller_copy = Arc::new(RelayMirror::new(
-                RelayVolumeObserver::new(host.clone(), role.clone()).with_view(view),
-            ));
+            let controller_copy = Arc::new(RelayMirror::new(writer.clone().with_view(view)));
             mirror = Some(controller_copy.clone());
             let mut member_watches = Vec::new();
             for m in &args.members {
@@ -192,15 +190,15 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     // A controller that lost its state directory (an
                     // emptyDir in deploy/) gets its records back before it
                     // answers anything.
-                    let restored = rebuild(&host, &driver).await?;
-                    tracing::info!(restored, "volume records rebuilt from RelayVolumes");
-                    for id in lagging(&host, &driver).await? {
-                        controller_copy.mark(&id);
-                    }
+                    let rebuilt = rebuild(&host, &driver).await?;
                     tracing::info!(
-                        lagging = controller_copy.unmirrored(),
-                        "RelayVolumes that differ from the store are written again by the next call on each"
+                        restored = rebuilt.restored,
+                        lagging = rebuilt.lagging.len(),
+                        "volume records rebuilt from RelayVolumes; those that differ from the store are written again by the next call on each"
                     );
+                    for id in &rebuilt.lagging {
+                        controller_copy.mark(id);
+                    }
                     let snapshots = restore_snapshots(&driver).await?;
                     tracing::info!(
                         restored = snapshots,
@@ -227,7 +225,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
             // background, since a node's state is rebuilt from its mounts.
             Some(mirror) => driver.with_mirror(mirror),
             None => driver.with_observer(Arc::new(crate::observer_queue::ObserverQueue::spawn(
-                Arc::new(node_writer),
+                Arc::new(writer),
             ))),
         };
     }

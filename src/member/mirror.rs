@@ -39,8 +39,9 @@ impl RelayMirror {
         lock(&self.unmirrored).insert(id.to_string());
     }
 
-    pub fn unmirrored(&self) -> usize {
-        lock(&self.unmirrored).len()
+    async fn remove_id(&self, id: &str) -> CsiResult<()> {
+        let removed = self.writer.remove_id(id).await;
+        self.landed(id, removed)
     }
 
     fn landed(&self, id: &str, written: CsiResult<()>) -> CsiResult<()> {
@@ -74,8 +75,7 @@ impl RecordMirror for RelayMirror {
         if vol.ephemeral {
             return Ok(());
         }
-        let removed = self.writer.remove_id(&vol.id).await;
-        self.landed(&vol.id, removed)
+        self.remove_id(&vol.id).await
     }
 
     async fn settle(&self, id: &str, current: Option<&Volume>) -> CsiResult<()> {
@@ -85,10 +85,7 @@ impl RecordMirror for RelayMirror {
         tracing::info!(volume_id = %id, "writing the volume's RelayVolume again before the call goes on");
         match current {
             Some(vol) => self.put(vol).await,
-            None => {
-                let removed = self.writer.remove_id(id).await;
-                self.landed(id, removed)
-            }
+            None => self.remove_id(id).await,
         }
     }
 }

@@ -350,6 +350,7 @@ pub fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_js
 }
 
 /// Mirrors volume records into RelayVolumes in the host cluster.
+#[derive(Clone)]
 pub struct RelayVolumeObserver {
     host: Cluster,
     role: Role,
@@ -477,10 +478,21 @@ impl VolumeObserver for RelayVolumeObserver {
     }
 }
 
+/// What start-up made of the host cluster's RelayVolumes.
+#[derive(Debug)]
+pub struct Rebuilt {
+    /// Records the store lacked, restored from their RelayVolume.
+    pub restored: usize,
+    /// Member volumes whose RelayVolume is not the store's record: missing,
+    /// or holding another state (a controller stopped between the store's
+    /// write and the RelayVolume's).
+    pub lagging: Vec<String>,
+}
+
 /// Restores the volume records the store lacks from the host cluster's
-/// RelayVolumes (a controller whose state directory was lost). Returns how
-/// many were restored.
-pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
+/// RelayVolumes (a controller whose state directory was lost), and finds
+/// the ones that lag the store, from one listing.
+pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<Rebuilt> {
     let list = host
         .fetch(
             "list RelayVolumes",
@@ -494,6 +506,7 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
             ))
         })?;
     let mut restored = 0;
+    let mut mirrored = std::collections::HashMap::with_capacity(list.items.len());
     for item in list.items {
         let vol: Volume = match serde_json::from_str(&item.spec.record) {
             Ok(v) => v,
@@ -502,10 +515,12 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
                 continue;
             }
         };
+        let listed = item.spec.volume_id;
+        mirrored.insert(listed.clone(), item.spec.record);
         let vol = match untrusted(vol) {
             Ok(v) => v,
             Err(why) => {
-                tracing::warn!(volume_id = %item.spec.volume_id, reason = %why, "RelayVolume record refused; skipped");
+                tracing::warn!(volume_id = %listed, reason = %why, "RelayVolume record refused; skipped");
                 continue;
             }
         };
@@ -519,25 +534,16 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<usize> {
         tracing::info!(volume_id = %vol.id, name = %vol.name, "volume record restored from its RelayVolume");
         restored += 1;
     }
-    Ok(restored)
+    let lagging = lagging(driver, &mirrored).await?;
+    Ok(Rebuilt { restored, lagging })
 }
 
-/// Volumes whose RelayVolume is not the store's record: missing, or
-/// holding another state (a controller stopped between its store's write
-/// and the RelayVolume's). Compared once at start-up, after `rebuild`.
-pub async fn lagging(host: &Cluster, driver: &Driver) -> CsiResult<Vec<String>> {
-    let list = host
-        .fetch(
-            "list RelayVolumes",
-            Api::<RelayVolume>::all(host.client()).list(&ListParams::default()),
-        )
-        .await?
-        .map(|l| l.items)
-        .unwrap_or_default();
-    let mirrored: std::collections::HashMap<String, String> = list
-        .into_iter()
-        .map(|rv| (rv.spec.volume_id, rv.spec.record))
-        .collect();
+/// The member volumes of the store whose record differs from `mirrored`
+/// (volume id → the RelayVolume's record).
+async fn lagging(
+    driver: &Driver,
+    mirrored: &std::collections::HashMap<String, String>,
+) -> CsiResult<Vec<String>> {
     let mut records = driver.db(|s| s.unfinished_volumes()).await?;
     let mut after: Option<String> = None;
     loop {
@@ -551,17 +557,12 @@ pub async fn lagging(host: &Cluster, driver: &Driver) -> CsiResult<Vec<String>> 
             None => break,
         }
     }
-    let mut lagging = Vec::new();
-    for vol in records {
-        if vol.ephemeral || !matches!(vol.backing, Backing::Member { .. }) {
-            continue;
-        }
-        let same = spec_of(&vol).is_ok_and(|spec| mirrored.get(&vol.id) == Some(&spec.record));
-        if !same {
-            lagging.push(vol.id);
-        }
-    }
-    Ok(lagging)
+    Ok(records
+        .into_iter()
+        .filter(|vol| !vol.ephemeral && matches!(vol.backing, Backing::Member { .. }))
+        .filter(|vol| !spec_of(vol).is_ok_and(|spec| mirrored.get(&vol.id) == Some(&spec.record)))
+        .map(|vol| vol.id)
+        .collect())
 }
 
 /// A RelayVolume is editable by anyone with RBAC on it, so a record read

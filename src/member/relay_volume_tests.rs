@@ -223,6 +223,15 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
         v
     };
     driver.put_volume(&known).await.unwrap();
+    // In the store and in no RelayVolume: a controller stopped between the
+    // two writes.
+    let unlisted = {
+        let mut v = volume();
+        v.id = "m-east-eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee".into();
+        v.name = "pvc-unlisted".into();
+        v
+    };
+    driver.put_volume(&unlisted).await.unwrap();
 
     let item = |vol: &Volume| -> Value {
         json!({"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolume",
@@ -240,7 +249,10 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
                                 "record": {"not": "a record"}}}]}));
         api.expect_idle().await;
     });
-    assert_eq!(restored.unwrap(), 1);
+    let rebuilt = restored.unwrap();
+    assert_eq!(rebuilt.restored, 1);
+    assert!(rebuilt.lagging.contains(&unlisted.id), "{rebuilt:?}");
+    assert!(!rebuilt.lagging.contains(&known.id), "{rebuilt:?}");
     let back = driver.volume(VOL_ID).await.unwrap();
     assert_eq!(back.name, "pvc-0a1b");
     assert_eq!(back.backing, lost.backing);

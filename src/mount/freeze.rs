@@ -63,7 +63,7 @@ pub fn freeze_device_mount(
 impl Drop for Frozen {
     fn drop(&mut self) {
         let mut arg = 0;
-        // SAFETY: as in `freeze`, on the same descriptor.
+        // SAFETY: as in `freeze_device_mount`, on the same descriptor.
         if let Err(e) = unsafe { fithaw(self.dir.as_raw_fd(), &mut arg) } {
             tracing::error!(error = %e, "cannot thaw a filesystem frozen for a snapshot");
         }
