@@ -506,6 +506,53 @@ mod tests {
         OVERLAP.with(|o| o.set(false));
     }
 
+    // ControllerExpandVolume records the new size before the storage grows.
+    // When the storage cannot grow, the old size is recorded again (what is
+    // reported and counted is what the storage holds); a repeat of a growth
+    // that went through asks the backend again whether the node must finish
+    // it, since the first reply may have been lost.
+    #[tokio::test]
+    async fn a_failed_growth_records_the_old_size_and_a_repeat_asks_the_backend_again() {
+        use csi::volume_capability::{AccessType, BlockVolume};
+        let tmp = tempfile::tempdir().unwrap();
+        let d = local_driver(tmp.path());
+        let mut req = request("pvc-grow");
+        req.volume_capabilities[0].access_type = Some(AccessType::Block(BlockVolume {}));
+        let vol = create_volume(&d, req).await.unwrap().volume.unwrap();
+        let size = vol.capacity_bytes as u64;
+        let allocated = d.store.allocated_bytes().unwrap();
+        let expand = |bytes: u64| csi::ControllerExpandVolumeRequest {
+            volume_id: vol.volume_id.clone(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: bytes as i64,
+                limit_bytes: 0,
+            }),
+            ..Default::default()
+        };
+        let file = tmp
+            .path()
+            .join("volumes")
+            .join(format!("{}.img", vol.volume_id));
+        let kept = tmp.path().join("kept.img");
+        std::fs::rename(&file, &kept).unwrap();
+        let err = expand_volume(&d, expand(2 * size)).await.unwrap_err();
+        assert!(err.to_string().contains("grow volume file"), "{err}");
+        let record = d.volume(&vol.volume_id).await.unwrap();
+        assert_eq!(
+            record.capacity_bytes, size,
+            "the old size is recorded again"
+        );
+        assert_eq!(d.store.allocated_bytes().unwrap(), allocated);
+
+        std::fs::rename(&kept, &file).unwrap();
+        let grown = expand_volume(&d, expand(2 * size)).await.unwrap();
+        assert_eq!(grown.capacity_bytes as u64, 2 * size);
+        assert!(grown.node_expansion_required);
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), 2 * size);
+        let again = expand_volume(&d, expand(2 * size)).await.unwrap();
+        assert!(again.node_expansion_required, "a repeat still says so");
+    }
+
     // A sweep lists every volume's data; one a record owns is passed over
     // without taking its volume's turn, so a CO call on it that runs
     // meanwhile is not refused ABORTED. An orphan is still reclaimed.
