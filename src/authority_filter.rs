@@ -648,6 +648,35 @@ mod tests {
         assert_eq!(r.pending(), big.as_slice());
     }
 
+    // Over a real stream: what h2 reads ends in an error once a block
+    // cannot be re-encoded after one was, and nothing of that block or
+    // after it comes through.
+    #[tokio::test]
+    async fn the_connection_ends_in_an_error_when_a_block_cannot_follow_a_rewritten_one() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut client = loona_hpack::Encoder::new();
+        let mut wire = PREFACE.to_vec();
+        let b1 = request_block(&mut client, "/run/csi.sock");
+        wire.extend_from_slice(&frame_header(b1.len(), HEADERS, END_HEADERS, 1));
+        wire.extend_from_slice(&b1);
+        // An oversized header frame: not re-encodable, not passable as is.
+        wire.extend_from_slice(&frame_header(MAX_FRAME + 1, HEADERS, END_HEADERS, 3));
+        wire.extend_from_slice(&vec![0; MAX_FRAME + 1]);
+        let (mut near, far) = tokio::io::duplex(1 << 20);
+        near.write_all(&wire).await.unwrap();
+        drop(near);
+        let mut filtered = AuthorityFilter::new(far);
+        let mut read = Vec::new();
+        let err = filtered.read_to_end(&mut read).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        let frames = frames(&read);
+        assert_eq!(frames.len(), 1, "only the rewritten block reached h2");
+        let headers = loona_hpack::Decoder::new().decode(&frames[0].3).unwrap();
+        assert!(headers
+            .iter()
+            .any(|(n, v)| n == b":authority" && v == b"localhost"));
+    }
+
     /// What the client sends, request by request.
     #[derive(Debug, Clone)]
     enum Sent {
