@@ -16,10 +16,14 @@ use std::sync::Arc;
 
 use common::req::snw;
 use csi_relay::csi;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, ListParams};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::Code;
 
-use e2e_support::{map_host_node, member_create, publish_request, start_member_relay, until_ok};
+use e2e_support::{
+    map_host_node, member_create, publish_request, relay_made, start_member_relay, until_ok,
+};
 
 /// A TCP relay to the host API server that can be cut: while cut, it
 /// drops every connection it holds and every new one at once.
@@ -113,7 +117,7 @@ fn through(
     (path.display().to_string(), upstream)
 }
 
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its_state() {
@@ -138,12 +142,36 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
     let run = std::process::id();
     let mut ids = Vec::new();
     let mut refused = 0;
+    let vas: Api<VolumeAttachment> = Api::all(member.clone());
+    let relay_vas = || async {
+        relay_made(
+            &vas.list(&ListParams::default())
+                .await
+                .expect("list member VolumeAttachments")
+                .items,
+        )
+        .len()
+    };
+    let mut refused_publishes = 0;
     for round in 0..ROUNDS {
         let name = format!("outage-{run}-{round}");
+        // Every other round the volume was made before the outage, and
+        // the outage meets its ControllerPublishVolume.
+        let made_before = if round % 2 == 1 {
+            Some(e2e_support::create_until_ok(&d.controller(), &env, &name, 1 << 24).await)
+        } else {
+            None
+        };
+        let attachments = relay_vas().await;
         relay.set_cut(true);
         let mut c = d.controller();
         // What the sidecars send during the outage, and what they are told.
-        let created = c.create_volume(member_create(&env, &name, 1 << 24)).await;
+        let created = match &made_before {
+            Some(vol) => Ok(tonic::Response::new(csi::CreateVolumeResponse {
+                volume: Some(vol.clone()),
+            })),
+            None => c.create_volume(member_create(&env, &name, 1 << 24)).await,
+        };
         let mut answered: Option<csi::Volume> = None;
         let mut published = false;
         match created {
@@ -157,6 +185,12 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
                     assert!(
                         matches!(s.code(), Code::Unavailable | Code::Aborted),
                         "round {round}: publish during the outage: {s:?}"
+                    );
+                    refused_publishes += 1;
+                    assert_eq!(
+                        relay_vas().await,
+                        attachments,
+                        "round {round}: a refused publish made a member attachment"
                     );
                 }
                 answered = Some(vol);
@@ -196,7 +230,12 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
         .await;
         ids.push(vol.volume_id);
     }
-    eprintln!("{refused} of {ROUNDS} creates were refused during the outage (UNAVAILABLE), the rest were known to the next controller");
+    eprintln!("during the outage: {refused} creates and {refused_publishes} publishes refused (UNAVAILABLE), every answered call known to the next controller");
+    assert_eq!(
+        refused + refused_publishes,
+        ROUNDS,
+        "each round met the outage with a call that failed"
+    );
 
     e2e_support::unwind(&d.controller(), &ids, &host_node).await;
     let prefix = format!("outage-{run}-");
