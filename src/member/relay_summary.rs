@@ -24,6 +24,7 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
         watcher(Api::<RelayVolume>::all(watch_client), config).default_backoff(),
     );
     let view = reader.clone();
+    let waiting = Waiting::default();
     let start = move |driver: Driver| {
         tokio::spawn(async move {
             use tokio_stream::StreamExt;
@@ -32,7 +33,7 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
                 match event {
                     Ok(obj) => {
                         if catch_up(&driver, &obj).await == Turn::Busy {
-                            later(driver.clone(), view.clone(), obj.spec.volume_id.clone());
+                            later(&driver, &view, &waiting, &obj.spec.volume_id);
                         }
                     }
                     Err(e) => {
@@ -56,21 +57,35 @@ enum Turn {
 const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
 const RETRIES: u32 = 50;
 
+/// Volumes a `later` look is already waiting for: one per volume, however
+/// many events a call's own writes raise while it holds the volume.
+type Waiting = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
 /// Looks at volume `id`'s object again once the call holding it is done:
 /// that call's own write may have folded in entries older than the ones
 /// that woke this (its view lagged the watch), and no later event comes.
-fn later(driver: Driver, view: Store<RelayVolume>, id: String) {
+fn later(driver: &Driver, view: &Store<RelayVolume>, waiting: &Waiting, id: &str) {
+    if !crate::unpoisoned::lock(waiting).insert(id.to_string()) {
+        return;
+    }
+    let (driver, view, waiting, id) = (
+        driver.clone(),
+        view.clone(),
+        waiting.clone(),
+        id.to_string(),
+    );
     tokio::spawn(async move {
         for _ in 0..RETRIES {
             tokio::time::sleep(RETRY_PAUSE).await;
             let name = crate::member::relay_volume::object_name(&id);
             let Some(obj) = view.get(&reflector::ObjectRef::new(&name)) else {
-                return;
+                break;
             };
             if catch_up(&driver, &obj).await == Turn::Done {
-                return;
+                break;
             }
         }
+        crate::unpoisoned::lock(&waiting).remove(&id);
     });
 }
 
