@@ -90,20 +90,6 @@ impl Driver {
         }
     }
 
-    /// Writes `vol` where others read it again (the mirror, or else the
-    /// observers), for a copy that lags; failures are retried later.
-    pub async fn publish_state(&self, vol: &Volume) {
-        if let Some(m) = &self.mirror {
-            if let Err(e) = m.put(vol).await {
-                tracing::debug!(volume_id = %vol.id, error = %e, "mirror not caught up; the next call on the volume retries");
-            }
-            return;
-        }
-        for o in &self.observers {
-            o.changed(vol).await;
-        }
-    }
-
     pub fn with_observer(mut self, observer: Arc<dyn VolumeObserver>) -> Self {
         self.observers.push(observer);
         self

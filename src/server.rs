@@ -176,7 +176,8 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     .await
                     .map_err(StartError::Config)?;
             let (view, start_summary) = crate::member::relay_summary::watch(watches);
-            let controller_copy = Arc::new(RelayMirror::new(writer.clone().with_view(view)));
+            let controller_writer = writer.clone().with_view(view);
+            let controller_copy = Arc::new(RelayMirror::new(controller_writer.clone()));
             mirror = Some(controller_copy.clone());
             let mut member_watches = Vec::new();
             for m in &args.members {
@@ -204,7 +205,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                         restored = snapshots,
                         "snapshot records recovered from member VolumeSnapshots"
                     );
-                    start_summary(driver);
+                    start_summary(driver, controller_writer);
                     // Pods on virtual nodes run in the members: their
                     // state comes from there.
                     for (name, client) in member_watches {

@@ -11,11 +11,14 @@ use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::driver::Driver;
 use crate::member::naming;
-use crate::member::relay_volume::{summary, RelayVolume};
+use crate::member::relay_volume::{summary, RelayVolume, RelayVolumeObserver};
 
 /// Starts watching RelayVolumes through `watch_client`; returns the view
-/// the controller's observer reads entries from.
-pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Driver)) {
+/// the controller's writer reads entries from, and what starts the
+/// catching up with that writer.
+pub fn watch(
+    watch_client: kube::Client,
+) -> (Store<RelayVolume>, impl FnOnce(Driver, RelayVolumeObserver)) {
     let (reader, writer) = reflector::store();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
@@ -23,19 +26,13 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
         writer,
         watcher(Api::<RelayVolume>::all(watch_client), config).default_backoff(),
     );
-    let view = reader.clone();
-    let waiting = Waiting::default();
-    let start = move |driver: Driver| {
+    let start = move |driver: Driver, relay: RelayVolumeObserver| {
         tokio::spawn(async move {
             use tokio_stream::StreamExt;
             let mut stream = Box::pin(stream.applied_objects());
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(obj) => {
-                        if catch_up(&driver, &obj).await == Turn::Busy {
-                            later(&driver, &view, &waiting, &obj.spec.volume_id);
-                        }
-                    }
+                    Ok(obj) => catch_up(&driver, &relay, &obj).await,
                     Err(e) => {
                         tracing::debug!(error = %e, "RelayVolume watch interrupted; resuming")
                     }
@@ -46,63 +43,18 @@ pub fn watch(watch_client: kube::Client) -> (Store<RelayVolume>, impl FnOnce(Dri
     (reader, start)
 }
 
-#[derive(PartialEq)]
-enum Turn {
-    Done,
-    /// A call holds the volume.
-    Busy,
-}
-
-/// Pause before a busy volume is looked at again, and how often at most.
-const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(200);
-const RETRIES: u32 = 50;
-
-/// Volumes a `later` look is already waiting for: one per volume, however
-/// many events a call's own writes raise while it holds the volume.
-type Waiting = std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
-
-/// Looks at volume `id`'s object again once the call holding it is done:
-/// that call's own write may have folded in entries older than the ones
-/// that woke this (its view lagged the watch), and no later event comes.
-fn later(driver: &Driver, view: &Store<RelayVolume>, waiting: &Waiting, id: &str) {
-    if !crate::unpoisoned::lock(waiting).insert(id.to_string()) {
+/// Re-applies the controller's status of the volume when the object's
+/// summary lags its entries. Status only, and so without the volume's
+/// guard: a status apply never creates the object, so a call deleting the
+/// volume meanwhile cannot see it come back; a status computed from a
+/// record a call has since replaced lags again, and the event its own
+/// write raises catches it up. (Under the guard, a call arriving meanwhile
+/// was refused ABORTED, and an event met while a call held the guard was
+/// lost.)
+async fn catch_up(driver: &Driver, relay: &RelayVolumeObserver, obj: &RelayVolume) {
+    let id = &obj.spec.volume_id;
+    let Ok(Some(vol)) = driver.find_volume(id).await else {
         return;
-    }
-    let (driver, view, waiting, id) = (
-        driver.clone(),
-        view.clone(),
-        waiting.clone(),
-        id.to_string(),
-    );
-    tokio::spawn(async move {
-        for _ in 0..RETRIES {
-            tokio::time::sleep(RETRY_PAUSE).await;
-            let name = crate::member::relay_volume::object_name(&id);
-            let Some(obj) = view.get(&reflector::ObjectRef::new(&name)) else {
-                break;
-            };
-            if catch_up(&driver, &obj).await == Turn::Done {
-                break;
-            }
-        }
-        crate::unpoisoned::lock(&waiting).remove(&id);
-    });
-}
-
-/// Re-applies the controller's view when the object's summary lags.
-async fn catch_up(driver: &Driver, obj: &RelayVolume) -> Turn {
-    let id = obj.spec.volume_id.clone();
-    // Under the volume's guard: a call deleting it meanwhile would
-    // otherwise be followed by this (older) state, and the object would
-    // come back. A busy volume is looked at again after its call.
-    let Ok(_guard) = driver
-        .limiter
-        .try_acquire(&[crate::limiter::volume_key(&id)])
-    else {
-        return Turn::Busy;
-    };
-    let Ok(Some(vol)) = driver.find_volume(&id).await else {
-        return Turn::Done;
     };
     let (phase, nodes) = summary(&vol, obj.status.as_ref());
     let current = obj.status.as_ref();
@@ -110,7 +62,61 @@ async fn catch_up(driver: &Driver, obj: &RelayVolume) -> Turn {
         || current.and_then(|s| s.node_summary.as_deref()) != Some(nodes.as_str());
     if lags {
         tracing::debug!(volume_id = %id, phase, nodes, "RelayVolume summary catches up with its entries");
-        driver.publish_state(&vol).await;
+        if let Err(e) = relay.apply_status(&vol).await {
+            tracing::debug!(volume_id = %id, error = %e, "RelayVolume summary not caught up; the next event retries");
+        }
     }
-    Turn::Done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use std::sync::Arc;
+
+    use crate::config::{DriverConfig, Mode};
+    use crate::member::backend::MemberBackend;
+    use crate::member::relay_volume::{spec_of, Role};
+    use crate::member::testing;
+    use crate::store::Store;
+
+    // The summary catches up although a call holds the volume (it was
+    // dropped then, and the object kept a stale phase), and only by a
+    // status apply, which a deleted object answers 404 instead of coming
+    // back.
+    #[tokio::test(start_paused = true)]
+    async fn a_lagging_summary_is_caught_up_by_status_alone_even_while_a_call_holds_the_volume() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (east, _member_api) = testing::member("east");
+        let (host, mut api) = testing::host();
+        let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev");
+        let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
+        let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
+        let mut vol = crate::volume::sample("m-east-0123456789abcdef0123456789abcdef", "pvc-a");
+        vol.backing = crate::volume::Backing::Member {
+            member: "east".into(),
+            namespace: "relay".into(),
+            pvc: "relay-0123456789abcdef0123456789abcdef".into(),
+            selected_node: None,
+        };
+        driver.put_volume(&vol).await.unwrap();
+        let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
+        let mut obj = RelayVolume::new(&vol.id, spec_of(&vol).unwrap());
+        obj.status = Some(crate::member::relay_volume::RelayVolumeStatus {
+            phase: Some("PUBLISHED".into()),
+            ..Default::default()
+        });
+        let _held = driver
+            .limiter
+            .try_acquire(&[crate::limiter::volume_key(&vol.id)])
+            .unwrap();
+        let ((), ()) = tokio::join!(catch_up(&driver, &relay, &obj), async {
+            let call = api.next().await;
+            assert_eq!(call.method, "PATCH");
+            assert!(call.path.ends_with("/status"), "status only: {}", call.path);
+            assert_eq!(call.body["status"]["phase"], "CREATED");
+            call.not_found();
+            api.expect_idle().await;
+        });
+    }
 }

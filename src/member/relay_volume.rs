@@ -399,21 +399,37 @@ impl RelayVolumeObserver {
                 )
                 .await?;
         }
+        let landed = self.apply_status(vol).await?;
+        match self.role {
+            Role::Controller { .. } if !landed => Err(CsiError::Unavailable(format!(
+                "{}: RelayVolume {name} was deleted while it was written",
+                self.host.label()
+            ))),
+            // A node may get ahead of the controller's first apply.
+            _ => Ok(landed),
+        }
+    }
+
+    /// Applies this writer's status of `vol` only. A status apply never
+    /// creates the object: `Ok(false)` when it does not exist.
+    pub async fn apply_status(&self, vol: &Volume) -> CsiResult<bool> {
+        let name = object_name(&vol.id);
+        let params = PatchParams::apply(&self.role.field_manager()).force();
         let seen = self.seen(&name);
         let body = apply_body(
             &name,
             "status",
             encode(&status_of(vol, &self.role, seen.as_ref()))?,
         );
-        let what = format!("apply RelayVolume {name} status");
         let api = self.api();
         let patch = Patch::Apply(&body);
-        let call = api.patch_status(&name, &params, &patch);
-        match self.role {
-            Role::Controller { .. } => self.host.run(&what, call).await.map(|_| true),
-            // A node may get ahead of the controller's first apply.
-            Role::Node { .. } => self.host.fetch(&what, call).await.map(|o| o.is_some()),
-        }
+        self.host
+            .fetch(
+                &format!("apply RelayVolume {name} status"),
+                api.patch_status(&name, &params, &patch),
+            )
+            .await
+            .map(|o| o.is_some())
     }
 
     /// Removes `vol`'s object (controller) or this node's entry (node).
