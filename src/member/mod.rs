@@ -19,6 +19,7 @@ pub mod capacity;
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod member_view;
 pub mod mirror;
 pub mod namespace;
 pub mod naming;
@@ -30,6 +31,7 @@ pub mod relay_summary;
 pub mod relay_volume;
 pub mod snapshot;
 pub mod source;
+pub mod watched;
 
 #[cfg(test)]
 mod flow_tests;

@@ -1,49 +1,51 @@
 //! What the member cluster itself reports about relay volumes: the only
 //! source of state for pods that run there (a pod on a virtual node), where
-//! no ControllerPublishVolume or node call ever reaches the relay.
+//! no ControllerPublishVolume or node call ever reaches the relay. The rules
+//! are in [`member_view`](crate::member::member_view).
 //!
-//! Per member node that has anything to do with a relay PVC:
-//! - NODE_READY: the bound PV is attached there (a VolumeAttachment with
-//!   `status.attached`), or a pod using the claim is scheduled there;
-//! - VOL_READY: the node's `status.volumesInUse` lists it (kubelet's
-//!   global mount is done);
-//! - PUBLISHED: a pod using the claim runs there.
+//! The member is a production cluster, mostly full of objects that are none
+//! of the relay's business, so only what concerns relay claims is watched
+//! and kept, in slim form ([`watched`](crate::member::watched)):
+//! - the relay's claims, by label, cluster-wide;
+//! - the PVs they are bound to, read once by name when a claim binds (no
+//!   watch: what the states read of a PV does not change once bound);
+//! - VolumeAttachments and Nodes, cluster-wide (nodes for
+//!   `status.volumesInUse`; an attachment or node keeps a few names);
+//! - pods, only in namespaces that hold relay claims: one watch per such
+//!   namespace, started and stopped as claims come and go; pods that use
+//!   no claim are dropped as they arrive.
 //!
-//! Reflectors keep the member's PVCs (only the relay's, by label), PVs,
-//! VolumeAttachments, Nodes and Pods in memory; a change marks the view
-//! dirty and at most once per [`SETTLE`] it is recomputed and what changed
-//! is applied to the RelayVolumes' status with this member's own field
-//! manager. A write that fails is retried on the next round.
+//! Each change marks the volumes it concerns; at most once per [`SETTLE`]
+//! those volumes' states are computed and what changed is applied to their
+//! RelayVolumes' status with this member's own field manager. A write that
+//! fails is retried for that volume, later each time.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
 use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
 use crate::member::cluster::Cluster;
+use crate::member::member_view::{Attachment, BoundVolume, Claim, Dirty, Key, MemberView, PodUse};
 use crate::member::naming;
-use crate::member::relay_volume::{apply_body, object_name, RelayNodeStatus};
-use crate::member::FIELD_MANAGER;
-use crate::volume::Phase;
+use crate::member::relay_volume::{apply_body, object_name, RelayNodeStatus, RelayVolume};
+use crate::member::watched::{AttachmentObject, ClaimObject, NodeObject, PodObject, VolumeObject};
+use crate::member::{CALL_TIMEOUT, FIELD_MANAGER};
 
-/// How long changes are gathered before one recomputation.
+/// How long changes are gathered before the volumes they concern are
+/// computed and written.
 pub const SETTLE: Duration = Duration::from_millis(500);
-
-/// One member node's state for one relay volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemberNodeState {
-    pub node: String,
-    pub phase: Phase,
-    /// namespace/name of the member pods using the claim there.
-    pub pods: Vec<String>,
-}
+/// Writes (and PV reads) in flight at once.
+const PARALLEL: usize = 8;
+/// The longest wait before a failed write or read is tried again.
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// The entry key of a member node in `status.nodes`: `<member>/<node>`,
 /// which no host node name can be (a name has no '/').
@@ -51,392 +53,560 @@ pub fn entry_key(member: &str, node: &str) -> String {
     format!("{member}/{node}")
 }
 
-/// How kubelet names a volume in `status.volumesInUse`.
-fn in_use_name(pv: &PersistentVolume) -> Option<String> {
-    let spec = pv.spec.as_ref()?;
-    if let Some(csi) = &spec.csi {
-        return Some(format!(
-            "kubernetes.io/csi/{}^{}",
-            csi.driver, csi.volume_handle
-        ));
-    }
-    None
+/// A watch's news, already reduced to what the view keeps.
+enum Sync<R> {
+    /// Added or changed; `None`: no longer of interest (as if deleted).
+    Apply(Key, Option<R>),
+    Delete(Key),
+    /// The watch listed everything again: what is not here is gone.
+    Replace(Vec<(Key, R)>),
 }
 
-fn pod_running(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+enum Change {
+    Claims(Sync<Claim>),
+    Attachments(Sync<Attachment>),
+    Nodes(Sync<BTreeSet<String>>),
+    /// From the pod watch of `namespace` numbered `watch`.
+    Pods {
+        namespace: String,
+        watch: u64,
+        sync: Sync<PodUse>,
+    },
+    /// What reading a PV found.
+    Volume {
+        name: String,
+        read: Result<Option<BoundVolume>, String>,
+    },
 }
 
-/// The member's attachments, nodes and pods, indexed once per round: each
-/// claim then costs a few lookups instead of a scan of every object.
-#[derive(Default)]
-pub struct View {
-    /// PV name → member nodes it is attached to.
-    attached: HashMap<String, Vec<String>>,
-    /// kubelet's in-use volume name → member nodes that list it.
-    in_use: HashMap<String, Vec<String>>,
-    /// (namespace, claim) → the pods that use it.
-    pods: HashMap<(String, String), Vec<Arc<Pod>>>,
-}
-
-impl View {
-    pub fn new(
-        attachments: &[Arc<VolumeAttachment>],
-        nodes: &[Arc<Node>],
-        pods: &[Arc<Pod>],
-    ) -> Self {
-        let mut view = View::default();
-        for va in attachments {
-            let attached = va.status.as_ref().is_some_and(|s| s.attached);
-            if let (true, Some(pv)) = (attached, va.spec.source.persistent_volume_name.as_ref()) {
-                view.attached
-                    .entry(pv.clone())
-                    .or_default()
-                    .push(va.spec.node_name.clone());
-            }
-        }
-        for node in nodes {
-            let Some(name) = node.metadata.name.as_ref() else {
-                continue;
-            };
-            let listed = node.status.as_ref().and_then(|s| s.volumes_in_use.as_ref());
-            for volume in listed.into_iter().flatten() {
-                view.in_use
-                    .entry(volume.clone())
-                    .or_default()
-                    .push(name.clone());
-            }
-        }
-        for pod in pods {
-            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-            let claims = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
-            for v in claims.into_iter().flatten() {
-                if let Some(c) = &v.persistent_volume_claim {
-                    view.pods
-                        .entry((namespace.clone(), c.claim_name.clone()))
-                        .or_default()
-                        .push(pod.clone());
-                }
-            }
-        }
-        view
-    }
-}
-
-/// The member nodes' states for `claim` (bound to `pv`, if known).
-pub fn member_nodes(
-    claim: &PersistentVolumeClaim,
-    pv: Option<&PersistentVolume>,
-    view: &View,
-) -> Vec<MemberNodeState> {
-    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
-    let name = claim.metadata.name.clone().unwrap_or_default();
-    let mut states: BTreeMap<String, (Phase, BTreeSet<String>)> = BTreeMap::new();
-    let mut raise = |node: &str, phase: Phase, pod: Option<String>| {
-        let entry = states
-            .entry(node.to_string())
-            .or_insert((phase, BTreeSet::new()));
-        entry.0 = entry.0.max(phase);
-        entry.1.extend(pod);
-    };
-    let pv_name = pv.and_then(|p| p.metadata.name.as_ref());
-    for node in pv_name
-        .and_then(|n| view.attached.get(n))
-        .into_iter()
-        .flatten()
-    {
-        raise(node, Phase::NodeReady, None);
-    }
-    let in_use = pv.and_then(in_use_name);
-    for node in in_use
-        .and_then(|n| view.in_use.get(&n))
-        .into_iter()
-        .flatten()
-    {
-        raise(node, Phase::VolReady, None);
-    }
-    let users = view.pods.get(&(namespace.clone(), name));
-    for pod in users.into_iter().flatten() {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
-            continue;
-        };
-        let phase = if pod_running(pod) {
-            Phase::Published
-        } else {
-            Phase::NodeReady
-        };
-        let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
-        raise(node, phase, Some(format!("{namespace}/{pod_name}")));
-    }
-    states
-        .into_iter()
-        .map(|(node, (phase, pods))| MemberNodeState {
-            node,
-            phase,
-            pods: pods.into_iter().collect(),
-        })
-        .collect()
-}
-
-/// The relay volume id a member claim belongs to, from its annotation.
-fn volume_id_of(claim: &PersistentVolumeClaim) -> Option<&str> {
-    crate::member::pvc::annotation(claim, naming::VOLUME_ID_ANNOTATION)
-}
-
-struct Caches {
-    claims: Store<PersistentVolumeClaim>,
-    pvs: Store<PersistentVolume>,
-    attachments: Store<VolumeAttachment>,
-    nodes: Store<Node>,
-    pods: Store<Pod>,
-}
-
-fn mirror<K>(api: Api<K>, config: watcher::Config, dirty: Arc<AtomicBool>) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+/// A watched kind and what the view keeps of it.
+trait Slim:
+    kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static
 {
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
-    tokio::spawn(async move {
-        use tokio_stream::StreamExt;
-        let mut stream = Box::pin(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(_) => dirty.store(true, Ordering::Release),
-                Err(e) => tracing::debug!(error = %e, "member watch interrupted; resuming"),
-            }
-        }
-    });
-    reader
+    type Kept: Send + 'static;
+    fn keep(self) -> Option<Self::Kept>;
 }
 
-/// The last status entries written per volume id.
-type Written = HashMap<String, Vec<RelayNodeStatus>>;
+fn key_of<K: kube::Resource>(obj: &K) -> Key {
+    let meta = obj.meta();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+impl Slim for ClaimObject {
+    type Kept = Claim;
+    fn keep(self) -> Option<Claim> {
+        let volume_id = self
+            .metadata
+            .annotations?
+            .remove(naming::VOLUME_ID_ANNOTATION)?;
+        Some(Claim {
+            volume_id,
+            uid: self.metadata.uid,
+            volume_name: self
+                .spec
+                .and_then(|s| s.volume_name)
+                .filter(|n| !n.is_empty()),
+        })
+    }
+}
+
+impl Slim for AttachmentObject {
+    type Kept = Attachment;
+    fn keep(self) -> Option<Attachment> {
+        Some(Attachment {
+            pv: self.spec.source.persistent_volume_name,
+            node: self.spec.node_name,
+            attached: self.status.is_some_and(|s| s.attached),
+        })
+    }
+}
+
+impl Slim for NodeObject {
+    type Kept = BTreeSet<String>;
+    fn keep(self) -> Option<BTreeSet<String>> {
+        Some(
+            self.status
+                .map(|s| s.volumes_in_use.into_iter().collect())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+impl Slim for PodObject {
+    type Kept = PodUse;
+    fn keep(self) -> Option<PodUse> {
+        let spec = self.spec?;
+        let claims: Vec<String> = spec
+            .volumes
+            .into_iter()
+            .filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name))
+            .collect();
+        if claims.is_empty() {
+            return None;
+        }
+        let running = self.metadata.deletion_timestamp.is_none()
+            && self.status.and_then(|s| s.phase).as_deref() == Some("Running");
+        Some(PodUse {
+            node: spec.node_name.filter(|n| !n.is_empty()),
+            running,
+            claims,
+        })
+    }
+}
+
+/// How kubelet names a CSI volume in `status.volumesInUse`.
+fn bound_volume(pv: VolumeObject) -> BoundVolume {
+    let spec = pv.spec.unwrap_or_default();
+    BoundVolume {
+        claim: spec.claim_ref.map(|r| {
+            (
+                (r.namespace.unwrap_or_default(), r.name.unwrap_or_default()),
+                r.uid,
+            )
+        }),
+        in_use: spec
+            .csi
+            .map(|c| format!("kubernetes.io/csi/{}^{}", c.driver, c.volume_handle)),
+    }
+}
+
+/// Runs a watch and sends what it sees, slimmed, as `wrap` makes it a
+/// change. A relisting is gathered and sent whole, so the view can drop
+/// what disappeared meanwhile. Ends when the receiver is gone.
+fn forward<K: Slim>(
+    api: Api<K>,
+    config: watcher::Config,
+    tx: mpsc::Sender<Change>,
+    wrap: impl Fn(Sync<K::Kept>) -> Change + Send + 'static,
+) -> AbortHandle {
+    tokio::spawn(async move {
+        let mut stream = Box::pin(watcher::watcher(api, config).default_backoff());
+        let mut listing: Vec<(Key, K::Kept)> = Vec::new();
+        while let Some(event) = stream.next().await {
+            let sync = match event {
+                Ok(Event::Init) => {
+                    listing = Vec::new();
+                    continue;
+                }
+                Ok(Event::InitApply(obj)) => {
+                    let key = key_of(&obj);
+                    listing.extend(obj.keep().map(|kept| (key, kept)));
+                    continue;
+                }
+                Ok(Event::InitDone) => Sync::Replace(std::mem::take(&mut listing)),
+                Ok(Event::Apply(obj)) => {
+                    let key = key_of(&obj);
+                    Sync::Apply(key, obj.keep())
+                }
+                Ok(Event::Delete(obj)) => Sync::Delete(key_of(&obj)),
+                Err(e) => {
+                    tracing::debug!(error = %e, kind = %K::kind(&()), "member watch interrupted; resuming");
+                    continue;
+                }
+            };
+            if tx.send(wrap(sync)).await.is_err() {
+                return;
+            }
+        }
+    })
+    .abort_handle()
+}
+
+/// When to try something again after `failures` failures in a row.
+fn retry_after(failures: u32) -> Duration {
+    (SETTLE * 2u32.saturating_pow(failures.min(8))).min(MAX_RETRY)
+}
+
+/// Something to do again later, and how often it failed.
+#[derive(Default)]
+struct Retries(HashMap<String, (Instant, u32)>);
+
+impl Retries {
+    fn failed(&mut self, what: &str) {
+        let failures = self.0.get(what).map_or(0, |(_, n)| *n) + 1;
+        self.0.insert(
+            what.to_string(),
+            (Instant::now() + retry_after(failures), failures),
+        );
+    }
+
+    fn waiting(&self, what: &str, now: Instant) -> bool {
+        self.0.get(what).is_some_and(|(at, _)| *at > now)
+    }
+
+    fn succeeded(&mut self, what: &str) {
+        self.0.remove(what);
+    }
+}
 
 /// Watches `member` (through `watch_client`, whose read timeout suits
 /// watches) and keeps the RelayVolumes in `host` up to date, until the
 /// process ends.
 pub fn spawn(member: String, watch_client: kube::Client, host: Cluster) {
-    let dirty = Arc::new(AtomicBool::new(true));
+    let (tx, rx) = mpsc::channel(1024);
     let relay_only =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
-    let caches = Caches {
-        claims: mirror(Api::all(watch_client.clone()), relay_only, dirty.clone()),
-        pvs: mirror(
-            Api::all(watch_client.clone()),
-            watcher::Config::default(),
-            dirty.clone(),
-        ),
-        attachments: mirror(
-            Api::all(watch_client.clone()),
-            watcher::Config::default(),
-            dirty.clone(),
-        ),
-        nodes: mirror(
-            Api::all(watch_client.clone()),
-            watcher::Config::default(),
-            dirty.clone(),
-        ),
-        pods: mirror(
-            Api::all(watch_client),
-            watcher::Config::default(),
-            dirty.clone(),
-        ),
-    };
-    tokio::spawn(async move {
-        let mut written = Written::new();
+    forward::<ClaimObject>(
+        Api::all(watch_client.clone()),
+        relay_only,
+        tx.clone(),
+        Change::Claims,
+    );
+    forward::<AttachmentObject>(
+        Api::all(watch_client.clone()),
+        watcher::Config::default(),
+        tx.clone(),
+        Change::Attachments,
+    );
+    forward::<NodeObject>(
+        Api::all(watch_client.clone()),
+        watcher::Config::default(),
+        tx.clone(),
+        Change::Nodes,
+    );
+    let observer = Observer::new(member, watch_client, host, tx);
+    tokio::spawn(observer.run(rx));
+}
+
+struct Observer {
+    member: String,
+    client: kube::Client,
+    host: Cluster,
+    tx: mpsc::Sender<Change>,
+    view: MemberView,
+    dirty: Dirty,
+    /// The status entries last written per volume id.
+    written: HashMap<String, Vec<RelayNodeStatus>>,
+    /// Namespace → the number of its pod watch, and the watch.
+    pod_watches: HashMap<String, (u64, AbortHandle)>,
+    next_watch: u64,
+    /// PVs being read.
+    reading: BTreeSet<String>,
+    pv_retries: Retries,
+    write_retries: Retries,
+}
+
+impl Observer {
+    fn new(member: String, client: kube::Client, host: Cluster, tx: mpsc::Sender<Change>) -> Self {
+        Observer {
+            member,
+            client,
+            host,
+            tx,
+            view: MemberView::default(),
+            dirty: Dirty::new(),
+            written: HashMap::new(),
+            pod_watches: HashMap::new(),
+            next_watch: 0,
+            reading: BTreeSet::new(),
+            pv_retries: Retries::default(),
+            write_retries: Retries::default(),
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Change>) {
         let mut tick = tokio::time::interval(SETTLE);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            if !dirty.swap(false, Ordering::AcqRel) {
-                continue;
-            }
-            if !publish(&member, &caches, &host, &mut written).await {
-                // Something was not written: try again next round.
-                dirty.store(true, Ordering::Release);
-            }
-        }
-    });
-}
-
-/// Computes every relay volume's member nodes and applies those that
-/// changed. Returns whether everything landed.
-async fn publish(member: &str, caches: &Caches, host: &Cluster, written: &mut Written) -> bool {
-    let view = View::new(
-        &caches.attachments.state(),
-        &caches.nodes.state(),
-        &caches.pods.state(),
-    );
-    let mut now: Written = HashMap::new();
-    for claim in caches.claims.state() {
-        let Some(id) = volume_id_of(&claim) else {
-            continue;
-        };
-        let pv = crate::member::pvc::bound_pv(&claim).and_then(|name| {
-            caches
-                .pvs
-                .get(&reflector::ObjectRef::new(name))
-                .filter(|pv| {
-                    // Only a PV that really is bound to this claim.
-                    pv.spec
-                        .as_ref()
-                        .and_then(|s| s.claim_ref.as_ref())
-                        .is_some_and(|r| {
-                            r.name.as_deref() == claim.metadata.name.as_deref()
-                                && r.namespace.as_deref() == claim.metadata.namespace.as_deref()
-                        })
-                })
-        });
-        let entries = member_nodes(&claim, pv.as_deref(), &view)
-            .into_iter()
-            .map(|s| RelayNodeStatus {
-                node: entry_key(member, &s.node),
-                member: Some(member.to_string()),
-                phase: Some(s.phase.as_str().to_string()),
-                pods: Some(s.pods),
-                ..Default::default()
-            })
-            .collect();
-        now.insert(id.to_string(), entries);
-    }
-    // Volumes whose claim went away get their entries cleared once.
-    for (id, old) in written.iter() {
-        if !old.is_empty() && !now.contains_key(id) {
-            now.insert(id.clone(), Vec::new());
-        }
-    }
-    // Member names are at most 40 characters: well within the API's 128.
-    let manager = format!("{FIELD_MANAGER}-member-{member}");
-    let mut all_landed = true;
-    for (id, entries) in now {
-        if written.get(&id) == Some(&entries) {
-            continue;
-        }
-        let name = object_name(&id);
-        let body = apply_body(&name, "status", serde_json::json!({ "nodes": entries }));
-        let api = Api::<crate::member::relay_volume::RelayVolume>::all(host.client());
-        let params = PatchParams::apply(&manager).force();
-        let result = host
-            .fetch(
-                &format!("apply RelayVolume {name} member status"),
-                api.patch_status(&name, &params, &Patch::Apply(&body)),
-            )
-            .await;
-        match result {
-            Ok(Some(_)) => {
-                tracing::debug!(volume_id = %id, member, "member-side state reported");
-                if entries.is_empty() {
-                    written.remove(&id);
-                } else {
-                    written.insert(id, entries);
+            tokio::select! {
+                change = rx.recv() => match change {
+                    Some(change) => self.apply(change),
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    self.read_pvs();
+                    self.write().await;
                 }
             }
-            // No RelayVolume (yet): the controller's first apply comes.
-            Ok(None) => all_landed = false,
-            Err(e) => {
-                tracing::warn!(volume_id = %id, member, error = %e, "member-side state not reported; will retry");
-                all_landed = false;
+        }
+    }
+
+    fn apply(&mut self, change: Change) {
+        let dirty = &mut self.dirty;
+        let view = &mut self.view;
+        match change {
+            Change::Claims(sync) => {
+                match sync {
+                    Sync::Apply(key, claim) => view.set_claim(key, claim, dirty),
+                    Sync::Delete(key) => view.set_claim(key, None, dirty),
+                    Sync::Replace(all) => {
+                        let listed: BTreeSet<&Key> = all.iter().map(|(k, _)| k).collect();
+                        for key in view.claim_keys() {
+                            if !listed.contains(&key) {
+                                view.set_claim(key, None, dirty);
+                            }
+                        }
+                        for (key, claim) in all {
+                            view.set_claim(key, Some(claim), dirty);
+                        }
+                    }
+                }
+                self.follow_namespaces();
+            }
+            Change::Attachments(sync) => match sync {
+                Sync::Apply((_, name), va) => view.set_attachment(&name, va, dirty),
+                Sync::Delete((_, name)) => view.set_attachment(&name, None, dirty),
+                Sync::Replace(all) => {
+                    let listed: BTreeSet<&str> = all.iter().map(|((_, n), _)| n.as_str()).collect();
+                    for name in view.attachment_names() {
+                        if !listed.contains(name.as_str()) {
+                            view.set_attachment(&name, None, dirty);
+                        }
+                    }
+                    for ((_, name), va) in all {
+                        view.set_attachment(&name, Some(va), dirty);
+                    }
+                }
+            },
+            Change::Nodes(sync) => match sync {
+                Sync::Apply((_, name), in_use) => view.set_node(&name, in_use, dirty),
+                Sync::Delete((_, name)) => view.set_node(&name, None, dirty),
+                Sync::Replace(all) => {
+                    let listed: BTreeSet<&str> = all.iter().map(|((_, n), _)| n.as_str()).collect();
+                    for name in view.node_names() {
+                        if !listed.contains(name.as_str()) {
+                            view.set_node(&name, None, dirty);
+                        }
+                    }
+                    for ((_, name), in_use) in all {
+                        view.set_node(&name, Some(in_use), dirty);
+                    }
+                }
+            },
+            Change::Pods {
+                namespace,
+                watch,
+                sync,
+            } => {
+                // A stopped watch's last news is stale.
+                if self.pod_watches.get(&namespace).map(|(n, _)| *n) != Some(watch) {
+                    return;
+                }
+                match sync {
+                    Sync::Apply(key, pod) => view.set_pod(key, pod, dirty),
+                    Sync::Delete(key) => view.set_pod(key, None, dirty),
+                    Sync::Replace(all) => {
+                        let listed: BTreeSet<&Key> = all.iter().map(|(k, _)| k).collect();
+                        for key in view.pod_keys_in(&namespace) {
+                            if !listed.contains(&key) {
+                                view.set_pod(key, None, dirty);
+                            }
+                        }
+                        for (key, pod) in all {
+                            view.set_pod(key, Some(pod), dirty);
+                        }
+                    }
+                }
+            }
+            Change::Volume { name, read } => {
+                self.reading.remove(&name);
+                match read {
+                    Ok(Some(pv)) => {
+                        self.pv_retries.succeeded(&name);
+                        view.set_pv(&name, Some(pv), dirty);
+                    }
+                    Ok(None) => self.pv_retries.failed(&name),
+                    Err(e) => {
+                        tracing::debug!(pv = %name, member = %self.member, error = %e, "member PV not read; will retry");
+                        self.pv_retries.failed(&name);
+                    }
+                }
             }
         }
     }
-    all_landed
+
+    /// Starts a pod watch in each namespace that now holds relay claims,
+    /// and stops those of namespaces that no longer do.
+    fn follow_namespaces(&mut self) {
+        let wanted: BTreeSet<String> = self.view.namespaces().cloned().collect();
+        let gone: Vec<String> = self
+            .pod_watches
+            .keys()
+            .filter(|ns| !wanted.contains(*ns))
+            .cloned()
+            .collect();
+        for namespace in gone {
+            if let Some((_, watch)) = self.pod_watches.remove(&namespace) {
+                watch.abort();
+            }
+            for key in self.view.pod_keys_in(&namespace) {
+                self.view.set_pod(key, None, &mut self.dirty);
+            }
+            tracing::debug!(member = %self.member, namespace, "no relay claim left: pod watch stopped");
+        }
+        for namespace in wanted {
+            if self.pod_watches.contains_key(&namespace) {
+                continue;
+            }
+            self.next_watch += 1;
+            let watch = self.next_watch;
+            let ns = namespace.clone();
+            let handle = forward::<PodObject>(
+                Api::namespaced(self.client.clone(), &namespace),
+                watcher::Config::default(),
+                self.tx.clone(),
+                move |sync| Change::Pods {
+                    namespace: ns.clone(),
+                    watch,
+                    sync,
+                },
+            );
+            tracing::debug!(member = %self.member, namespace, "relay claims here: pod watch started");
+            self.pod_watches.insert(namespace, (watch, handle));
+        }
+    }
+
+    /// Reads the PVs that claims are bound to and that are not known yet.
+    fn read_pvs(&mut self) {
+        let now = Instant::now();
+        let wanted: Vec<String> = self
+            .view
+            .unresolved()
+            .filter(|n| !self.reading.contains(*n) && !self.pv_retries.waiting(n, now))
+            .take(PARALLEL.saturating_sub(self.reading.len()))
+            .cloned()
+            .collect();
+        for name in wanted {
+            self.reading.insert(name.clone());
+            let api: Api<VolumeObject> = Api::all(self.client.clone());
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                let read = match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(&name)).await {
+                    Ok(Ok(pv)) => Ok(pv.map(bound_volume)),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("no answer within {CALL_TIMEOUT:?}")),
+                };
+                let _ = tx.send(Change::Volume { name, read }).await;
+            });
+        }
+    }
+
+    /// Computes the marked volumes and applies the states that changed.
+    async fn write(&mut self) {
+        if self.dirty.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let (later, due): (Dirty, Dirty) = std::mem::take(&mut self.dirty)
+            .into_iter()
+            .partition(|id| self.write_retries.waiting(id, now));
+        self.dirty = later;
+        let member = self.member.as_str();
+        let mut writes = Vec::new();
+        for id in due {
+            let entries: Vec<RelayNodeStatus> = match self.view.state_of(&id) {
+                Some(states) => states
+                    .into_iter()
+                    .map(|s| RelayNodeStatus {
+                        node: entry_key(member, &s.node),
+                        member: Some(member.to_string()),
+                        phase: Some(s.phase.as_str().to_string()),
+                        pods: Some(s.pods),
+                        ..Default::default()
+                    })
+                    .collect(),
+                // Its claim went away: clear what was written, once.
+                None if self.written.contains_key(&id) => Vec::new(),
+                None => continue,
+            };
+            if self.written.get(&id) == Some(&entries) {
+                continue;
+            }
+            writes.push((id, entries));
+        }
+        // Member names are at most 40 characters: well within the API's 128.
+        let manager = format!("{FIELD_MANAGER}-member-{member}");
+        let host = &self.host;
+        let results: Vec<(String, Vec<RelayNodeStatus>, bool)> =
+            futures::stream::iter(writes.into_iter().map(|(id, entries)| {
+                let manager = manager.as_str();
+                async move {
+                    let landed = report(host, member, manager, &id, &entries).await;
+                    (id, entries, landed)
+                }
+            }))
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        for (id, entries, landed) in results {
+            if !landed {
+                self.write_retries.failed(&id);
+                self.dirty.insert(id);
+                continue;
+            }
+            self.write_retries.succeeded(&id);
+            if entries.is_empty() && self.view.state_of(&id).is_none() {
+                self.written.remove(&id);
+            } else {
+                self.written.insert(id, entries);
+            }
+        }
+    }
 }
+
+/// Applies one volume's member entries; whether they landed.
+async fn report(
+    host: &Cluster,
+    member: &str,
+    manager: &str,
+    id: &str,
+    entries: &[RelayNodeStatus],
+) -> bool {
+    let name = object_name(id);
+    let body = apply_body(&name, "status", serde_json::json!({ "nodes": entries }));
+    // The answer is not read: parsed untyped, an object this build could
+    // not read whole still counts as written.
+    let api =
+        Api::<DynamicObject>::all_with(host.client(), &ApiResource::erase::<RelayVolume>(&()));
+    let params = PatchParams::apply(manager).force();
+    let result = host
+        .fetch(
+            &format!("apply RelayVolume {name} member status"),
+            api.patch_status(&name, &params, &Patch::Apply(&body)),
+        )
+        .await;
+    match result {
+        Ok(Some(_)) => {
+            tracing::debug!(volume_id = %id, member, "member-side state reported");
+            true
+        }
+        // No RelayVolume (yet): the controller's first apply comes.
+        Ok(None) => false,
+        Err(e) => {
+            tracing::warn!(volume_id = %id, member, error = %e, "member-side state not reported; will retry");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "observation_tests.rs"]
+mod observation_tests;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn arc<T: DeserializeOwned>(v: serde_json::Value) -> Arc<T> {
-        Arc::new(serde_json::from_value(v).unwrap())
-    }
-
-    #[test]
-    fn member_nodes_walk_from_attached_to_published() {
-        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
-            "metadata": {"name": "pvc3", "namespace": "shop"},
-            "spec": {"volumeName": "pv-1"}
-        }))
-        .unwrap();
-        let pv: PersistentVolume = serde_json::from_value(json!({
-            "metadata": {"name": "pv-1"},
-            "spec": {"csi": {"driver": "hostpath.csi.k8s.io", "volumeHandle": "h1"}}
-        }))
-        .unwrap();
-        let va = |node: &str, attached: bool| {
-            arc::<VolumeAttachment>(json!({
-                "metadata": {"name": format!("va-{node}")},
-                "spec": {"attacher": "hostpath.csi.k8s.io", "nodeName": node,
-                         "source": {"persistentVolumeName": "pv-1"}},
-                "status": {"attached": attached}
-            }))
-        };
-        let node = |name: &str, in_use: &[&str]| {
-            arc::<Node>(json!({"metadata": {"name": name}, "status": {"volumesInUse": in_use}}))
-        };
-        let pod = |name: &str, ns: &str, node: &str, claim: &str, phase: &str| {
-            arc::<Pod>(json!({
-                "metadata": {"name": name, "namespace": ns},
-                "spec": {"nodeName": node, "containers": [],
-                         "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": claim}}]},
-                "status": {"phase": phase}
-            }))
-        };
-        let state = |vas: &[Arc<VolumeAttachment>], nodes: &[Arc<Node>], pods: &[Arc<Pod>]| {
-            member_nodes(&claim, Some(&pv), &View::new(vas, nodes, pods))
-                .into_iter()
-                .map(|s| (s.node, s.phase, s.pods))
-                .collect::<Vec<_>>()
-        };
-        // Nothing yet; an attachment still attaching is nothing either.
-        assert!(state(&[va("n1", false)], &[node("n1", &[])], &[]).is_empty());
-        assert_eq!(
-            state(&[va("n1", true)], &[node("n1", &[])], &[]),
-            [("n1".into(), Phase::NodeReady, vec![])]
-        );
-        let in_use = "kubernetes.io/csi/hostpath.csi.k8s.io^h1";
-        let pending = pod("web-0", "shop", "n1", "pvc3", "Pending");
-        assert_eq!(
-            state(
-                &[va("n1", true)],
-                &[node("n1", &[in_use])],
-                std::slice::from_ref(&pending)
-            ),
-            [("n1".into(), Phase::VolReady, vec!["shop/web-0".to_string()])]
-        );
-        let running = pod("web-0", "shop", "n1", "pvc3", "Running");
-        // Pods of other claims or namespaces do not count.
-        let others = [
-            pod("x", "shop", "n2", "other", "Running"),
-            pod("y", "elsewhere", "n2", "pvc3", "Running"),
-        ];
-        let mut pods = vec![running];
-        pods.extend(others);
-        assert_eq!(
-            state(&[va("n1", true)], &[node("n1", &[in_use])], &pods),
-            [(
-                "n1".into(),
-                Phase::Published,
-                vec!["shop/web-0".to_string()]
-            )]
-        );
-        // Another PV's attachment is not this volume's.
-        let mut foreign = (*va("n3", true)).clone();
-        foreign.spec.source.persistent_volume_name = Some("pv-2".into());
-        assert!(state(&[Arc::new(foreign)], &[], &[]).is_empty());
-    }
 
     #[test]
     fn entry_keys_cannot_collide_with_host_nodes() {
         assert_eq!(entry_key("east", "n1"), "east/n1");
         assert!(!naming::is_dns_subdomain(&entry_key("east", "n1")));
+    }
+
+    #[test]
+    fn retries_back_off_up_to_a_bound() {
+        assert_eq!(retry_after(1), SETTLE * 2);
+        assert_eq!(retry_after(2), SETTLE * 4);
+        assert_eq!(retry_after(40), MAX_RETRY);
+        let mut r = Retries::default();
+        let now = Instant::now();
+        assert!(!r.waiting("v", now));
+        r.failed("v");
+        assert!(r.waiting("v", now));
+        r.succeeded("v");
+        assert!(!r.waiting("v", now));
     }
 }

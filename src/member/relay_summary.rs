@@ -22,9 +22,13 @@ pub fn watch(
     let (reader, writer) = reflector::store();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
+    // Every writer's managedFields would otherwise stay in memory, per
+    // volume, for nothing the summary reads.
     let stream = reflector::reflector(
         writer,
-        watcher(Api::<RelayVolume>::all(watch_client), config).default_backoff(),
+        watcher(Api::<RelayVolume>::all(watch_client), config)
+            .default_backoff()
+            .modify(|rv| rv.metadata.managed_fields = None),
     );
     let start = move |driver: Driver, relay: RelayVolumeObserver| {
         tokio::spawn(async move {

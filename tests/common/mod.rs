@@ -182,7 +182,11 @@ fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
         .append(true)
         .open(state_dir.with_file_name("driver.log"))
         .expect("open driver log");
-    Command::new(env!("CARGO_BIN_EXE_csi-relay"))
+    // RELAY_TEST_BINARY runs the tests against another build (e.g. a
+    // release one, for figures).
+    let binary = std::env::var_os("RELAY_TEST_BINARY")
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_csi-relay").into());
+    Command::new(binary)
         .arg("serve")
         .arg("--endpoint")
         .arg(format!("unix://{}", socket.display()))
