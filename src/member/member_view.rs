@@ -269,10 +269,11 @@ impl MemberView {
         self.nodes.keys().cloned().collect()
     }
 
+    /// The pods kept in `namespace` ("": in all).
     pub fn pod_keys_in(&self, namespace: &str) -> Vec<Key> {
         self.pods
             .keys()
-            .filter(|(ns, _)| ns == namespace)
+            .filter(|(ns, _)| namespace.is_empty() || ns == namespace)
             .cloned()
             .collect()
     }

@@ -12,8 +12,9 @@
 //! - VolumeAttachments and Nodes, cluster-wide (nodes for
 //!   `status.volumesInUse`; an attachment or node keeps a few names);
 //! - pods, only in namespaces that hold relay claims: one watch per such
-//!   namespace, started and stopped as claims come and go; pods that use
-//!   no claim are dropped as they arrive.
+//!   namespace, started and stopped as claims come and go (past
+//!   [`NAMESPACE_WATCHES`] namespaces, one cluster-wide watch instead);
+//!   pods that use no claim are dropped as they arrive.
 //!
 //! Each change marks the volumes it concerns; at most once per [`SETTLE`]
 //! those volumes' states are computed and what changed is applied to their
@@ -44,6 +45,11 @@ use crate::member::{CALL_TIMEOUT, FIELD_MANAGER};
 pub const SETTLE: Duration = Duration::from_millis(500);
 /// Writes (and PV reads) in flight at once.
 const PARALLEL: usize = 8;
+/// Namespaces whose pods are watched one by one; past that, one watch
+/// over all namespaces.
+const NAMESPACE_WATCHES: usize = 32;
+/// The scope of the cluster-wide pod watch (no namespace is named "").
+const ALL_NAMESPACES: &str = "";
 /// The longest wait before a failed write or read is tried again.
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
@@ -66,7 +72,8 @@ enum Change {
     Claims(Sync<Claim>),
     Attachments(Sync<Attachment>),
     Nodes(Sync<BTreeSet<String>>),
-    /// From the pod watch of `namespace` numbered `watch`.
+    /// From the pod watch of `namespace` (all: [`ALL_NAMESPACES`])
+    /// numbered `watch`.
     Pods {
         namespace: String,
         watch: u64,
@@ -419,43 +426,66 @@ impl Observer {
     }
 
     /// Starts a pod watch in each namespace that now holds relay claims,
-    /// and stops those of namespaces that no longer do.
+    /// and stops those of namespaces that no longer do. Past
+    /// [`NAMESPACE_WATCHES`] namespaces one cluster-wide watch replaces
+    /// them (each watch is a connection to the member's API server), until
+    /// the count falls to half that again.
     fn follow_namespaces(&mut self) {
         let wanted: BTreeSet<String> = self.view.namespaces().cloned().collect();
-        let gone: Vec<String> = self
+        let limit = if self.pod_watches.contains_key(ALL_NAMESPACES) {
+            NAMESPACE_WATCHES / 2
+        } else {
+            NAMESPACE_WATCHES
+        };
+        let cluster_wide = wanted.len() > limit;
+        let scopes: BTreeSet<String> = if cluster_wide {
+            [ALL_NAMESPACES.to_string()].into()
+        } else {
+            wanted.clone()
+        };
+        let stopped: Vec<String> = self
             .pod_watches
             .keys()
-            .filter(|ns| !wanted.contains(*ns))
+            .filter(|scope| !scopes.contains(*scope))
             .cloned()
             .collect();
-        for namespace in gone {
-            if let Some((_, watch)) = self.pod_watches.remove(&namespace) {
+        for scope in stopped {
+            if let Some((_, watch)) = self.pod_watches.remove(&scope) {
                 watch.abort();
             }
-            for key in self.view.pod_keys_in(&namespace) {
-                self.view.set_pod(key, None, &mut self.dirty);
+            // Pods of namespaces still wanted stay until their new watch
+            // lists them again.
+            for key in self.view.pod_keys_in(&scope) {
+                if !wanted.contains(&key.0) {
+                    self.view.set_pod(key, None, &mut self.dirty);
+                }
             }
-            tracing::debug!(member = %self.member, namespace, "no relay claim left: pod watch stopped");
+            tracing::debug!(member = %self.member, namespace = %scope, "pod watch stopped");
         }
-        for namespace in wanted {
-            if self.pod_watches.contains_key(&namespace) {
+        for scope in scopes {
+            if self.pod_watches.contains_key(&scope) {
                 continue;
             }
             self.next_watch += 1;
             let watch = self.next_watch;
-            let ns = namespace.clone();
+            let api = if scope == ALL_NAMESPACES {
+                Api::all(self.client.clone())
+            } else {
+                Api::namespaced(self.client.clone(), &scope)
+            };
+            let namespace = scope.clone();
             let handle = forward::<PodObject>(
-                Api::namespaced(self.client.clone(), &namespace),
+                api,
                 watcher::Config::default(),
                 self.tx.clone(),
                 move |sync| Change::Pods {
-                    namespace: ns.clone(),
+                    namespace: namespace.clone(),
                     watch,
                     sync,
                 },
             );
-            tracing::debug!(member = %self.member, namespace, "relay claims here: pod watch started");
-            self.pod_watches.insert(namespace, (watch, handle));
+            tracing::debug!(member = %self.member, namespace = %scope, "pod watch started");
+            self.pod_watches.insert(scope, (watch, handle));
         }
     }
 

@@ -237,3 +237,75 @@ async fn a_missing_pv_is_read_again_later() {
     let states = o.view.state_of(V1).unwrap();
     assert_eq!(states[0].node, "n2");
 }
+
+// Past NAMESPACE_WATCHES namespaces with relay claims, one cluster-wide
+// pod watch replaces the per-namespace ones, and back below half that the
+// namespaces are watched one by one again; pods of namespaces left behind
+// are forgotten, those still wanted kept until their watch lists again.
+#[tokio::test(start_paused = true)]
+async fn many_namespaces_share_one_cluster_wide_pod_watch() {
+    let (member_client, _member) = testing::client();
+    let (host, _host_api) = testing::host();
+    let (tx, _rx) = mpsc::channel(16);
+    let mut o = Observer::new("east".into(), member_client, host, tx);
+    let claim_in = |i: usize| {
+        Change::Claims(Sync::Apply(
+            key(&format!("ns{i}"), "data"),
+            Some(claim(&format!("m-east-{i:032x}"), &format!("pv-{i}"))),
+        ))
+    };
+    for i in 0..NAMESPACE_WATCHES {
+        o.apply(claim_in(i));
+    }
+    assert_eq!(o.pod_watches.len(), NAMESPACE_WATCHES);
+    let pod_in = |i: usize, watch: u64| Change::Pods {
+        namespace: if watch == 0 {
+            format!("ns{i}")
+        } else {
+            ALL_NAMESPACES.into()
+        },
+        watch: if watch == 0 { i as u64 + 1 } else { watch },
+        sync: Sync::Apply(
+            key(&format!("ns{i}"), "user"),
+            Some(PodUse {
+                node: Some("n1".into()),
+                running: true,
+                claims: vec!["data".into()],
+            }),
+        ),
+    };
+    o.apply(pod_in(0, 0));
+    o.apply(pod_in(1, 0));
+    assert_eq!(o.view.pod_keys_in("").len(), 2);
+
+    o.apply(claim_in(NAMESPACE_WATCHES));
+    assert_eq!(o.pod_watches.keys().collect::<Vec<_>>(), [ALL_NAMESPACES]);
+    let all = o.pod_watches[ALL_NAMESPACES].0;
+    // Kept until the cluster-wide watch lists them.
+    assert_eq!(o.view.pod_keys_in("").len(), 2);
+    // A stopped namespace watch's news is stale.
+    o.apply(pod_in(2, 0));
+    assert_eq!(o.view.pod_keys_in("").len(), 2);
+    o.apply(pod_in(2, all));
+    assert_eq!(o.view.pod_keys_in("").len(), 3);
+    // No flapping at the edge.
+    o.apply(Change::Claims(Sync::Delete(key(
+        &format!("ns{NAMESPACE_WATCHES}"),
+        "data",
+    ))));
+    assert_eq!(o.pod_watches.keys().collect::<Vec<_>>(), [ALL_NAMESPACES]);
+
+    for i in (NAMESPACE_WATCHES / 2)..NAMESPACE_WATCHES {
+        o.apply(Change::Claims(Sync::Delete(key(&format!("ns{i}"), "data"))));
+    }
+    // Half as many namespaces: one watch each again.
+    assert!(!o.pod_watches.contains_key(ALL_NAMESPACES));
+    assert_eq!(o.pod_watches.len(), NAMESPACE_WATCHES / 2);
+    assert_eq!(o.view.pod_keys_in("").len(), 3);
+    o.apply(Change::Claims(Sync::Delete(key("ns2", "data"))));
+    assert_eq!(
+        o.view.pod_keys_in("").len(),
+        2,
+        "ns2's pods are forgotten with its watch"
+    );
+}
