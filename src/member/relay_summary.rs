@@ -22,13 +22,17 @@ pub fn watch(
     let (reader, writer) = reflector::store();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
-    // Every writer's managedFields would otherwise stay in memory, per
-    // volume, for nothing the summary reads.
+    // Only the status is read from the view (the writers' entries); the
+    // record and every writer's managedFields would otherwise stay in
+    // memory, per volume, for nothing.
     let stream = reflector::reflector(
         writer,
         watcher(Api::<RelayVolume>::all(watch_client), config)
             .default_backoff()
-            .modify(|rv| rv.metadata.managed_fields = None),
+            .modify(|rv| {
+                rv.metadata.managed_fields = None;
+                rv.spec.record = String::new();
+            }),
     );
     let start = move |driver: Driver, relay: RelayVolumeObserver| {
         tokio::spawn(async move {
