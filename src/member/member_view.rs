@@ -165,26 +165,41 @@ impl MemberView {
     }
 
     /// What reading PV `name` found. Ignored when no claim is bound to it
-    /// (any more); `None`: it does not exist (yet), read it again later.
-    pub fn set_pv(&mut self, name: &str, pv: Option<BoundVolume>, dirty: &mut Dirty) {
-        if !self.by_pv.contains_key(name) {
-            return;
-        }
+    /// (any more). Returns whether it is settled: `false` when it does not
+    /// exist (yet) or is not (yet) bound to that claim, to be read again
+    /// later (what the states read of a PV changes no more once it is).
+    pub fn set_pv(&mut self, name: &str, pv: Option<BoundVolume>, dirty: &mut Dirty) -> bool {
+        let Some(key) = self.by_pv.get(name) else {
+            return true;
+        };
+        let claim_uid = self.claims.get(key).and_then(|c| c.uid.as_ref());
+        let settled = pv.as_ref().is_some_and(|pv| {
+            pv.claim.as_ref().is_some_and(|(bound, uid)| {
+                bound == key
+                    && match (uid, claim_uid) {
+                        (Some(a), Some(b)) => a == b,
+                        _ => true,
+                    }
+            })
+        });
         if let Some(old) = self.pvs.remove(name) {
             if let Some(in_use) = old.in_use {
                 self.by_in_use.remove(&in_use);
             }
         }
         if let Some(pv) = pv {
-            self.unresolved.remove(name);
             if let Some(in_use) = &pv.in_use {
                 self.by_in_use.insert(in_use.clone(), name.to_string());
             }
             self.pvs.insert(name.to_string(), pv);
+        }
+        if settled {
+            self.unresolved.remove(name);
         } else {
             self.unresolved.insert(name.to_string());
         }
         self.touch_pv(name, dirty);
+        settled
     }
 
     pub fn set_attachment(&mut self, name: &str, va: Option<Attachment>, dirty: &mut Dirty) {
@@ -593,21 +608,26 @@ mod tests {
                 vec!["shop/web-0".to_string()]
             )]
         );
-        v.set_pv(
+        assert!(!v.set_pv(
             "pv-1",
             Some(bound("shop", "pvc3", "uid-of-an-older-claim", "h1")),
             &mut dirty,
-        );
+        ));
         assert_eq!(
             states(&v, "v1").len(),
             1,
             "another claim's PV is not this one's"
         );
-        v.set_pv(
+        assert_eq!(
+            v.unresolved().collect::<Vec<_>>(),
+            ["pv-1"],
+            "read again later"
+        );
+        assert!(v.set_pv(
             "pv-1",
             Some(bound("shop", "pvc3", "uid-v1", "h1")),
             &mut dirty,
-        );
+        ));
         assert_eq!(
             states(&v, "v1"),
             [
@@ -634,7 +654,7 @@ mod tests {
             Some(claim("v2", Some("pv-2"))),
             &mut dirty,
         );
-        v.set_pv("pv-2", None, &mut dirty);
+        assert!(!v.set_pv("pv-2", None, &mut dirty));
         assert_eq!(v.unresolved().collect::<Vec<_>>(), ["pv-2"]);
     }
 

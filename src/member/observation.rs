@@ -411,11 +411,13 @@ impl Observer {
             Change::Volume { name, read } => {
                 self.reading.remove(&name);
                 match read {
-                    Ok(Some(pv)) => {
-                        self.pv_retries.succeeded(&name);
-                        view.set_pv(&name, Some(pv), dirty);
+                    Ok(pv) => {
+                        if view.set_pv(&name, pv, dirty) {
+                            self.pv_retries.succeeded(&name);
+                        } else {
+                            self.pv_retries.failed(&name);
+                        }
                     }
-                    Ok(None) => self.pv_retries.failed(&name),
                     Err(e) => {
                         tracing::debug!(pv = %name, member = %self.member, error = %e, "member PV not read; will retry");
                         self.pv_retries.failed(&name);
