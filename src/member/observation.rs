@@ -222,6 +222,37 @@ fn forward<K: Slim>(
     .abort_handle()
 }
 
+/// Applies a watch's news of one kind: `held` lists what the view keeps
+/// of the watch's scope, `set` changes one object (`None`: gone).
+fn sync_into<R>(
+    view: &mut MemberView,
+    dirty: &mut Dirty,
+    sync: Sync<R>,
+    held: impl Fn(&MemberView) -> Vec<Key>,
+    set: impl Fn(&mut MemberView, Key, Option<R>, &mut Dirty),
+) {
+    match sync {
+        Sync::Apply(key, kept) => set(view, key, kept, dirty),
+        Sync::Delete(key) => set(view, key, None, dirty),
+        Sync::Replace(all) => {
+            let listed: BTreeSet<Key> = all.iter().map(|(key, _)| key.clone()).collect();
+            for key in held(view) {
+                if !listed.contains(&key) {
+                    set(view, key, None, dirty);
+                }
+            }
+            for (key, kept) in all {
+                set(view, key, Some(kept), dirty);
+            }
+        }
+    }
+}
+
+/// Cluster-scoped names as keys (no namespace).
+fn cluster_keys(names: Vec<String>) -> Vec<Key> {
+    names.into_iter().map(|n| (String::new(), n)).collect()
+}
+
 /// When to try something again after `failures` failures in a row.
 fn retry_after(failures: u32) -> Duration {
     (SETTLE * 2u32.saturating_pow(failures.min(8))).min(MAX_RETRY)
@@ -336,76 +367,43 @@ impl Observer {
         let view = &mut self.view;
         match change {
             Change::Claims(sync) => {
-                match sync {
-                    Sync::Apply(key, claim) => view.set_claim(key, claim, dirty),
-                    Sync::Delete(key) => view.set_claim(key, None, dirty),
-                    Sync::Replace(all) => {
-                        let listed: BTreeSet<&Key> = all.iter().map(|(k, _)| k).collect();
-                        for key in view.claim_keys() {
-                            if !listed.contains(&key) {
-                                view.set_claim(key, None, dirty);
-                            }
-                        }
-                        for (key, claim) in all {
-                            view.set_claim(key, Some(claim), dirty);
-                        }
-                    }
-                }
+                sync_into(
+                    view,
+                    dirty,
+                    sync,
+                    MemberView::claim_keys,
+                    |v, key, claim, d| v.set_claim(key, claim, d),
+                );
                 self.follow_namespaces();
             }
-            Change::Attachments(sync) => match sync {
-                Sync::Apply((_, name), va) => view.set_attachment(&name, va, dirty),
-                Sync::Delete((_, name)) => view.set_attachment(&name, None, dirty),
-                Sync::Replace(all) => {
-                    let listed: BTreeSet<&str> = all.iter().map(|((_, n), _)| n.as_str()).collect();
-                    for name in view.attachment_names() {
-                        if !listed.contains(name.as_str()) {
-                            view.set_attachment(&name, None, dirty);
-                        }
-                    }
-                    for ((_, name), va) in all {
-                        view.set_attachment(&name, Some(va), dirty);
-                    }
-                }
-            },
-            Change::Nodes(sync) => match sync {
-                Sync::Apply((_, name), in_use) => view.set_node(&name, in_use, dirty),
-                Sync::Delete((_, name)) => view.set_node(&name, None, dirty),
-                Sync::Replace(all) => {
-                    let listed: BTreeSet<&str> = all.iter().map(|((_, n), _)| n.as_str()).collect();
-                    for name in view.node_names() {
-                        if !listed.contains(name.as_str()) {
-                            view.set_node(&name, None, dirty);
-                        }
-                    }
-                    for ((_, name), in_use) in all {
-                        view.set_node(&name, Some(in_use), dirty);
-                    }
-                }
-            },
+            Change::Attachments(sync) => sync_into(
+                view,
+                dirty,
+                sync,
+                |v| cluster_keys(v.attachment_names()),
+                |v, (_, name), va, d| v.set_attachment(&name, va, d),
+            ),
+            Change::Nodes(sync) => sync_into(
+                view,
+                dirty,
+                sync,
+                |v| cluster_keys(v.node_names()),
+                |v, (_, name), in_use, d| v.set_node(&name, in_use, d),
+            ),
             Change::Pods {
                 namespace,
                 watch,
                 sync,
             } => {
                 // A stopped watch's last news is stale.
-                if self.pod_watches.get(&namespace).map(|(n, _)| *n) != Some(watch) {
-                    return;
-                }
-                match sync {
-                    Sync::Apply(key, pod) => view.set_pod(key, pod, dirty),
-                    Sync::Delete(key) => view.set_pod(key, None, dirty),
-                    Sync::Replace(all) => {
-                        let listed: BTreeSet<&Key> = all.iter().map(|(k, _)| k).collect();
-                        for key in view.pod_keys_in(&namespace) {
-                            if !listed.contains(&key) {
-                                view.set_pod(key, None, dirty);
-                            }
-                        }
-                        for (key, pod) in all {
-                            view.set_pod(key, Some(pod), dirty);
-                        }
-                    }
+                if self.pod_watches.get(&namespace).map(|(n, _)| *n) == Some(watch) {
+                    sync_into(
+                        view,
+                        dirty,
+                        sync,
+                        |v| v.pod_keys_in(&namespace),
+                        |v, key, pod, d| v.set_pod(key, pod, d),
+                    );
                 }
             }
             Change::Volume { name, read } => {
