@@ -3,9 +3,10 @@
 //! from /proc) and checks that member-side states still arrive under load.
 //!
 //! 1. M relay volumes (CreateVolume through the relay; their member claims
-//!    bind to PVs made beforehand), each used by a member pod on the
-//!    member node: RSS per volume, and how long until every RelayVolume
-//!    shows NODE_READY.
+//!    bind to PVs made beforehand), each used by a member pod on a node of
+//!    the test's own: anonymous RSS per volume (heap and stacks: the
+//!    binary's own pages vary with the code paths run), and how long until
+//!    every RelayVolume shows NODE_READY.
 //! 2. One volume at a time, its member pod set Running: CPU per change and
 //!    the time until that RelayVolume shows PUBLISHED.
 //! 3. N member pods that use no relay volume, created then all relabelled,
@@ -47,15 +48,22 @@ fn size(var: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// The controller's resident set (KiB) and CPU time (s), from /proc.
-fn sample(pid: u32) -> (u64, f64) {
+/// A line of /proc/<pid>/status, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let rss = status
+    status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next())
         .and_then(|v| v.parse().ok())
-        .expect("VmRSS");
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// The controller's anonymous resident memory (KiB: its heap and stacks,
+/// without the binary's pages, which vary with the code paths run) and
+/// CPU time (s), from /proc.
+fn sample(pid: u32) -> (u64, f64) {
+    let rss = status_kib(pid, "RssAnon:");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("proc stat");
     // Fields after the command (which may hold spaces): utime and stime
     // are the 12th and 13th.
@@ -157,7 +165,7 @@ async fn unrelated_pods(member: &Client, namespace: &str, n: usize, pid: u32, la
     .await;
     let (rss2, cpu2) = settled(pid).await;
     figure(&format!(
-        "{n} unrelated pods {label}: created in {:.1} s; RSS {} -> {} -> {} after one relabel (+{}); CPU {:.2} s to create, {:.2} s to relabel (+{:.2} s)",
+        "{n} unrelated pods {label}: created in {:.1} s; anonymous RSS {} -> {} -> {} after one relabel (+{}); CPU {:.2} s to create, {:.2} s to relabel (+{:.2} s)",
         created.as_secs_f64(),
         mib(rss0 as i64),
         mib(rss1 as i64),
@@ -211,8 +219,9 @@ async fn member_objects_cost_what_the_relay_serves() {
     let pid = d.pid().expect("controller pid");
     let (rss_empty, _) = settled(pid).await;
     figure(&format!(
-        "controller with the member backend, nothing in it: RSS {}",
-        mib(rss_empty as i64)
+        "controller with the member backend, nothing in it: anonymous RSS {}, RSS {}",
+        mib(rss_empty as i64),
+        mib(status_kib(pid, "VmRSS:") as i64),
     ));
 
     // 1. M relay volumes, bound, each used by a pod on the member node.
@@ -289,6 +298,12 @@ async fn member_objects_cost_what_the_relay_serves() {
         },
     )
     .await;
+    let (rss_bound, _) = settled(pid).await;
+    figure(&format!(
+        "{volumes} relay volumes, bound, no pod yet: anonymous RSS {} (+{:.1} KiB per volume)",
+        mib(rss_bound as i64),
+        (rss_bound as f64 - rss_empty as f64) / volumes.max(1) as f64,
+    ));
     let pods: Api<Pod> = Api::namespaced(member.clone(), &env.namespace);
     in_parallel(claims.values().enumerate(), |(i, claim)| {
         let pods = pods.clone();
@@ -338,10 +353,11 @@ async fn member_objects_cost_what_the_relay_serves() {
     in_phase("NODE_READY", claims.keys().cloned().collect()).await;
     let (rss_volumes, _) = settled(pid).await;
     figure(&format!(
-        "{volumes} relay volumes, bound, each with a member pod: every RelayVolume NODE_READY {:.1} s after the first create; RSS {} (+{} per volume)",
+        "{volumes} relay volumes, bound, each with a member pod: every RelayVolume NODE_READY {:.1} s after the first create; anonymous RSS {} (+{:.1} KiB per volume), RSS {}",
         start.elapsed().as_secs_f64(),
         mib(rss_volumes as i64),
-        format_args!("{:.1} KiB", (rss_volumes as f64 - rss_empty as f64) / volumes.max(1) as f64),
+        (rss_volumes as f64 - rss_empty as f64) / volumes.max(1) as f64,
+        mib(status_kib(pid, "VmRSS:") as i64),
     ));
 
     // 2. One volume's member objects change at a time.
