@@ -92,6 +92,10 @@ fn unindex(index: &mut HashMap<String, BTreeSet<String>>, key: &str, value: &str
     }
 }
 
+fn cluster_keys<'a>(names: impl Iterator<Item = &'a String>) -> Vec<Key> {
+    names.map(|n| (String::new(), n.clone())).collect()
+}
+
 impl MemberView {
     fn touch_claim(&self, key: &Key, dirty: &mut Dirty) {
         if let Some(c) = self.claims.get(key) {
@@ -276,12 +280,13 @@ impl MemberView {
         self.claims.keys().cloned().collect()
     }
 
-    pub fn attachment_names(&self) -> Vec<String> {
-        self.attachments.keys().cloned().collect()
+    /// Cluster-scoped kinds: no namespace.
+    pub fn attachment_keys(&self) -> Vec<Key> {
+        cluster_keys(self.attachments.keys())
     }
 
-    pub fn node_names(&self) -> Vec<String> {
-        self.nodes.keys().cloned().collect()
+    pub fn node_keys(&self) -> Vec<Key> {
+        cluster_keys(self.nodes.keys())
     }
 
     /// The pods kept in `namespace` ("": in all).

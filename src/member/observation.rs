@@ -61,9 +61,8 @@ pub fn entry_key(member: &str, node: &str) -> String {
 
 /// A watch's news, already reduced to what the view keeps.
 enum Sync<R> {
-    /// Added or changed; `None`: no longer of interest (as if deleted).
-    Apply(Key, Option<R>),
-    Delete(Key),
+    /// Added or changed; `None`: deleted, or no longer of interest.
+    Set(Key, Option<R>),
     /// The watch listed everything again: what is not here is gone.
     Replace(Vec<(Key, R)>),
 }
@@ -206,9 +205,9 @@ fn forward<K: Slim>(
                 Ok(Event::InitDone) => Sync::Replace(std::mem::take(&mut listing)),
                 Ok(Event::Apply(obj)) => {
                     let key = key_of(&obj);
-                    Sync::Apply(key, obj.keep())
+                    Sync::Set(key, obj.keep())
                 }
-                Ok(Event::Delete(obj)) => Sync::Delete(key_of(&obj)),
+                Ok(Event::Delete(obj)) => Sync::Set(key_of(&obj), None),
                 Err(e) => {
                     tracing::debug!(error = %e, kind = %K::kind(&()), "member watch interrupted; resuming");
                     continue;
@@ -232,8 +231,7 @@ fn sync_into<R>(
     set: impl Fn(&mut MemberView, Key, Option<R>, &mut Dirty),
 ) {
     match sync {
-        Sync::Apply(key, kept) => set(view, key, kept, dirty),
-        Sync::Delete(key) => set(view, key, None, dirty),
+        Sync::Set(key, kept) => set(view, key, kept, dirty),
         Sync::Replace(all) => {
             let listed: BTreeSet<Key> = all.iter().map(|(key, _)| key.clone()).collect();
             for key in held(view) {
@@ -248,14 +246,9 @@ fn sync_into<R>(
     }
 }
 
-/// Cluster-scoped names as keys (no namespace).
-fn cluster_keys(names: Vec<String>) -> Vec<Key> {
-    names.into_iter().map(|n| (String::new(), n)).collect()
-}
-
 /// When to try something again after `failures` failures in a row.
 fn retry_after(failures: u32) -> Duration {
-    (SETTLE * 2u32.saturating_pow(failures.min(8))).min(MAX_RETRY)
+    crate::backoff::doubling(failures, SETTLE * 2, MAX_RETRY)
 }
 
 /// Something to do again later, and how often it failed.
@@ -380,14 +373,14 @@ impl Observer {
                 view,
                 dirty,
                 sync,
-                |v| cluster_keys(v.attachment_names()),
+                MemberView::attachment_keys,
                 |v, (_, name), va, d| v.set_attachment(&name, va, d),
             ),
             Change::Nodes(sync) => sync_into(
                 view,
                 dirty,
                 sync,
-                |v| cluster_keys(v.node_names()),
+                MemberView::node_keys,
                 |v, (_, name), in_use, d| v.set_node(&name, in_use, d),
             ),
             Change::Pods {
@@ -527,7 +520,9 @@ impl Observer {
         let member = self.member.as_str();
         let mut writes = Vec::new();
         for id in due {
-            let entries: Vec<RelayNodeStatus> = match self.view.state_of(&id) {
+            let states = self.view.state_of(&id);
+            let claimed = states.is_some();
+            let entries: Vec<RelayNodeStatus> = match states {
                 Some(states) => states
                     .into_iter()
                     .map(|s| RelayNodeStatus {
@@ -545,30 +540,30 @@ impl Observer {
             if self.written.get(&id) == Some(&entries) {
                 continue;
             }
-            writes.push((id, entries));
+            writes.push((id, entries, claimed));
         }
         // Member names are at most 40 characters: well within the API's 128.
         let manager = format!("{FIELD_MANAGER}-member-{member}");
         let host = &self.host;
-        let results: Vec<(String, Vec<RelayNodeStatus>, bool)> =
-            futures::stream::iter(writes.into_iter().map(|(id, entries)| {
+        let results: Vec<(String, Vec<RelayNodeStatus>, bool, bool)> =
+            futures::stream::iter(writes.into_iter().map(|(id, entries, claimed)| {
                 let manager = manager.as_str();
                 async move {
                     let landed = report(host, member, manager, &id, &entries).await;
-                    (id, entries, landed)
+                    (id, entries, claimed, landed)
                 }
             }))
             .buffer_unordered(PARALLEL)
             .collect()
             .await;
-        for (id, entries, landed) in results {
+        for (id, entries, claimed, landed) in results {
             if !landed {
                 self.write_retries.failed(&id);
                 self.dirty.insert(id);
                 continue;
             }
             self.write_retries.succeeded(&id);
-            if entries.is_empty() && self.view.state_of(&id).is_none() {
+            if !claimed {
                 self.written.remove(&id);
             } else {
                 self.written.insert(id, entries);

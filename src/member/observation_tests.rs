@@ -94,7 +94,7 @@ fn pod_running(watch: u64, claim: &str) -> Change {
     Change::Pods {
         namespace: "shop".into(),
         watch,
-        sync: Sync::Apply(
+        sync: Sync::Set(
             key("shop", &format!("user-of-{claim}")),
             Some(PodUse {
                 node: Some("n1".into()),
@@ -140,7 +140,7 @@ async fn each_change_writes_the_volume_it_concerns_and_nothing_else() {
     );
 
     // The node's in-use list changes for V2's PV only: V2 alone.
-    o.apply(Change::Nodes(Sync::Apply(
+    o.apply(Change::Nodes(Sync::Set(
         key("", "n1"),
         Some(["kubernetes.io/csi/hostpath.csi.k8s.io^h-pv-2".to_string()].into()),
     )));
@@ -150,7 +150,7 @@ async fn each_change_writes_the_volume_it_concerns_and_nothing_else() {
 
     // The same list again (a heartbeat), or news from a pod watch that was
     // since replaced: nothing to write.
-    o.apply(Change::Nodes(Sync::Apply(
+    o.apply(Change::Nodes(Sync::Set(
         key("", "n1"),
         Some(["kubernetes.io/csi/hostpath.csi.k8s.io^h-pv-2".to_string()].into()),
     )));
@@ -169,7 +169,7 @@ async fn each_change_writes_the_volume_it_concerns_and_nothing_else() {
 
     // The claims go: their entries are cleared once, the pod watch stops
     // and the namespace's pods are forgotten.
-    o.apply(Change::Claims(Sync::Delete(key("shop", "pvc1"))));
+    o.apply(Change::Claims(Sync::Set(key("shop", "pvc1"), None)));
     o.apply(Change::Claims(Sync::Replace(Vec::new())));
     assert!(o.pod_watches.is_empty());
     assert!(o.view.pod_keys_in("shop").is_empty());
@@ -188,7 +188,7 @@ async fn a_missing_pv_is_read_again_later() {
     let (host, _host_api) = testing::host();
     let (tx, mut rx) = mpsc::channel(16);
     let mut o = Observer::new("east".into(), member_client, host, tx);
-    o.apply(Change::Claims(Sync::Apply(
+    o.apply(Change::Claims(Sync::Set(
         key("shop", "pvc1"),
         Some(claim(V1, "pv-1")),
     )));
@@ -218,6 +218,19 @@ async fn a_missing_pv_is_read_again_later() {
     tokio::time::advance(retry_after(1)).await;
     o.read_pvs();
     assert_eq!(o.reading.len(), 1);
+    // An API error is no answer either: later again, and later than before.
+    member
+        .expect("GET", "/api/v1/persistentvolumes/pv-1")
+        .await
+        .status(500, "InternalError", "etcd is having a bad day");
+    settle(&mut o, &mut rx, 1).await;
+    assert!(o.reading.is_empty());
+    tokio::time::advance(retry_after(1)).await;
+    o.read_pvs();
+    assert!(o.reading.is_empty(), "the second failure waits longer");
+    tokio::time::advance(retry_after(2) - retry_after(1)).await;
+    o.read_pvs();
+    assert_eq!(o.reading.len(), 1);
     let call = member.expect("GET", "/api/v1/persistentvolumes/pv-1").await;
     call.ok(
         json!({"kind": "PersistentVolume", "apiVersion": "v1", "metadata": {"name": "pv-1"},
@@ -226,7 +239,7 @@ async fn a_missing_pv_is_read_again_later() {
     );
     settle(&mut o, &mut rx, 1).await;
     assert_eq!(o.view.unresolved().count(), 0);
-    o.apply(Change::Attachments(Sync::Apply(
+    o.apply(Change::Attachments(Sync::Set(
         key("", "va"),
         Some(Attachment {
             pv: Some("pv-1".into()),
@@ -249,7 +262,7 @@ async fn many_namespaces_share_one_cluster_wide_pod_watch() {
     let (tx, _rx) = mpsc::channel(16);
     let mut o = Observer::new("east".into(), member_client, host, tx);
     let claim_in = |i: usize| {
-        Change::Claims(Sync::Apply(
+        Change::Claims(Sync::Set(
             key(&format!("ns{i}"), "data"),
             Some(claim(&format!("m-east-{i:032x}"), &format!("pv-{i}"))),
         ))
@@ -265,7 +278,7 @@ async fn many_namespaces_share_one_cluster_wide_pod_watch() {
             ALL_NAMESPACES.into()
         },
         watch: if watch == 0 { i as u64 + 1 } else { watch },
-        sync: Sync::Apply(
+        sync: Sync::Set(
             key(&format!("ns{i}"), "user"),
             Some(PodUse {
                 node: Some("n1".into()),
@@ -289,20 +302,23 @@ async fn many_namespaces_share_one_cluster_wide_pod_watch() {
     o.apply(pod_in(2, all));
     assert_eq!(o.view.pod_keys_in("").len(), 3);
     // No flapping at the edge.
-    o.apply(Change::Claims(Sync::Delete(key(
-        &format!("ns{NAMESPACE_WATCHES}"),
-        "data",
-    ))));
+    o.apply(Change::Claims(Sync::Set(
+        key(&format!("ns{NAMESPACE_WATCHES}"), "data"),
+        None,
+    )));
     assert_eq!(o.pod_watches.keys().collect::<Vec<_>>(), [ALL_NAMESPACES]);
 
     for i in (NAMESPACE_WATCHES / 2)..NAMESPACE_WATCHES {
-        o.apply(Change::Claims(Sync::Delete(key(&format!("ns{i}"), "data"))));
+        o.apply(Change::Claims(Sync::Set(
+            key(&format!("ns{i}"), "data"),
+            None,
+        )));
     }
     // Half as many namespaces: one watch each again.
     assert!(!o.pod_watches.contains_key(ALL_NAMESPACES));
     assert_eq!(o.pod_watches.len(), NAMESPACE_WATCHES / 2);
     assert_eq!(o.view.pod_keys_in("").len(), 3);
-    o.apply(Change::Claims(Sync::Delete(key("ns2", "data"))));
+    o.apply(Change::Claims(Sync::Set(key("ns2", "data"), None)));
     assert_eq!(
         o.view.pod_keys_in("").len(),
         2,
