@@ -9,15 +9,13 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 use tonic::Code;
 
-use crate::config::{DriverConfig, Mode, TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
+use crate::config::{Mode, TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 use crate::controller::{provision, publish};
 use crate::csi;
 use crate::driver::Driver;
-use crate::member::backend::MemberBackend;
 use crate::member::naming::VOLUME_ID_ANNOTATION;
 use crate::member::relay_volume::{RelayVolumeObserver, Role};
 use crate::member::testing::{self, MockApi};
-use crate::store::Store;
 
 const RV: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
 const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
@@ -25,13 +23,8 @@ const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
 /// A controller over member "east", its host cluster's writer, and the
 /// two clusters' mock API servers.
 fn controller(dir: &std::path::Path) -> (Driver, RelayVolumeObserver, MockApi, MockApi) {
-    let (east, member) = testing::member("east");
-    let (host, host_api) = testing::host();
-    let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
-        .with_virtual_nodes(crate::registrar::NodeSelector::default());
-    let config = DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
+    let (d, host, member, host_api) = testing::controller(dir);
     let writer = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
-    let d = Driver::new(config, Store::open(dir).unwrap(), Arc::new(backend));
     (d, writer, member, host_api)
 }
 

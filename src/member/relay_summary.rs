@@ -80,13 +80,9 @@ async fn catch_up(driver: &Driver, relay: &RelayVolumeObserver, obj: &RelayVolum
 mod tests {
     use super::*;
 
-    use std::sync::Arc;
-
-    use crate::config::{DriverConfig, Mode};
-    use crate::member::backend::MemberBackend;
+    use crate::config::Mode;
     use crate::member::relay_volume::{spec_of, Role};
     use crate::member::testing;
-    use crate::store::Store;
 
     // The summary catches up although a call holds the volume (it was
     // dropped then, and the object kept a stale phase), and only by a
@@ -95,11 +91,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lagging_summary_is_caught_up_by_status_alone_even_while_a_call_holds_the_volume() {
         let tmp = tempfile::tempdir().unwrap();
-        let (east, _member_api) = testing::member("east");
-        let (host, mut api) = testing::host();
-        let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev");
-        let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
-        let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
+        let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
         let mut vol = crate::volume::sample("m-east-0123456789abcdef0123456789abcdef", "pvc-a");
         vol.backing = crate::volume::Backing::Member {
             member: "east".into(),

@@ -211,11 +211,7 @@ async fn standalone_writes_node_state_too_and_an_unreachable_host_costs_a_bounde
 #[tokio::test(start_paused = true)]
 async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
     let tmp = tempfile::tempdir().unwrap();
-    let (east, _member_api) = testing::member("east");
-    let (host, mut api) = testing::host();
-    let backend = MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev");
-    let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
-    let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
+    let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
     let known = {
         let mut v = volume();
         v.id = "m-east-ffffffffffffffffffffffffffffffff".into();

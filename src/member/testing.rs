@@ -42,6 +42,22 @@ pub fn host() -> (Cluster, MockApi) {
     (Cluster::host(c), api)
 }
 
+/// A controller (node id "ctrl") over member "east" in `dir`, its host
+/// cluster, and the two clusters' mock API servers: (driver, host, member
+/// API, host API).
+pub fn controller(dir: &std::path::Path) -> (crate::driver::Driver, Cluster, MockApi, MockApi) {
+    let (east, member) = member("east");
+    let (host, host_api) = host();
+    let backend =
+        crate::member::backend::MemberBackend::new(vec![east], Some(host.clone()), "relay.csi.dev")
+            .with_virtual_nodes(crate::registrar::NodeSelector::default());
+    // Capacity as the CO reads it: an int64.
+    let config = crate::config::DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
+    let store = crate::store::Store::open(dir).expect("open the test store");
+    let driver = crate::driver::Driver::new(config, store, std::sync::Arc::new(backend));
+    (driver, host, member, host_api)
+}
+
 impl MockApi {
     pub async fn next(&mut self) -> Call {
         let (req, send) = self
