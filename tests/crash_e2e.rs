@@ -27,11 +27,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;
     };
-    let host = e2e_support::client(&env.host_kubeconfig).await;
-    let member = e2e_support::client(&env.member_kubeconfig).await;
-    e2e_support::install_crd(&host).await;
-    let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
-    map_host_node(&host, &host_node, Some("member-node-1")).await;
+    let (host, member, host_node) = e2e_support::mapped_clusters(&env).await;
     let mut d = start_member_relay(
         &env,
         "controller",
@@ -86,13 +82,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
             .expect("list member PVCs")
             .items
             .into_iter()
-            .filter(|p| {
-                p.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get("relay.csi.dev/volume-name"))
-                    == Some(&name)
-            })
+            .filter(|p| e2e_support::volume_name_of(p) == Some(name.as_str()))
             .collect();
         assert_eq!(
             mine.len(),

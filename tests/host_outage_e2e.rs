@@ -125,11 +125,7 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;
     };
-    let host = e2e_support::client(&env.host_kubeconfig).await;
-    let member = e2e_support::client(&env.member_kubeconfig).await;
-    e2e_support::install_crd(&host).await;
-    let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
-    map_host_node(&host, &host_node, Some("member-node-1")).await;
+    let (host, member, host_node) = e2e_support::mapped_clusters(&env).await;
 
     let files = tempfile::tempdir().expect("temp dir");
     let placeholder: std::net::SocketAddr = "127.0.0.1:1".parse().expect("address");

@@ -254,6 +254,27 @@ pub async fn unwind(
     }
 }
 
+/// The CO's volume name a relay-made member PVC carries.
+pub fn volume_name_of(pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Option<&str> {
+    pvc.metadata
+        .annotations
+        .as_ref()?
+        .get("relay.csi.dev/volume-name")
+        .map(String::as_str)
+}
+
+/// The host and member clients, the CRD installed, and the host node
+/// (RELAY_E2E_HOST_NODE, default "host-node-1") mapped to the
+/// environment's member node "member-node-1".
+pub async fn mapped_clusters(env: &Env) -> (Client, Client, String) {
+    let host = client(&env.host_kubeconfig).await;
+    let member = client(&env.member_kubeconfig).await;
+    install_crd(&host).await;
+    let host_node = std::env::var("RELAY_E2E_HOST_NODE").unwrap_or_else(|_| "host-node-1".into());
+    map_host_node(&host, &host_node, Some("member-node-1")).await;
+    (host, member, host_node)
+}
+
 /// Waits until the member holds no PVC whose volume name starts with
 /// `prefix` and no attachment the relay made.
 pub async fn nothing_left_in_member(member: &Client, namespace: &str, prefix: &str) {
@@ -274,13 +295,7 @@ pub async fn nothing_left_in_member(member: &Client, namespace: &str, prefix: &s
                     .ok()?
                     .items
                     .into_iter()
-                    .filter(|p| {
-                        p.metadata
-                            .annotations
-                            .as_ref()
-                            .and_then(|a| a.get("relay.csi.dev/volume-name"))
-                            .is_some_and(|n| n.starts_with(&prefix))
-                    })
+                    .filter(|p| volume_name_of(p).is_some_and(|n| n.starts_with(&prefix)))
                     .count();
                 let left_vas =
                     relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
