@@ -135,7 +135,12 @@ impl MemberView {
             if self.by_id.get(&old.volume_id) == Some(&key) {
                 self.by_id.remove(&old.volume_id);
             }
-            if let Some(pv) = &old.volume_name {
+            // The same claim still bound to the same PV (any other update
+            // of it): what was read of the PV still holds.
+            let same_binding = claim
+                .as_ref()
+                .is_some_and(|new| new.volume_name == old.volume_name && new.uid == old.uid);
+            if let Some(pv) = old.volume_name.as_ref().filter(|_| !same_binding) {
                 if self.by_pv.get(pv) == Some(&key) {
                     self.by_pv.remove(pv);
                     self.unresolved.remove(pv);
@@ -486,6 +491,41 @@ mod tests {
         v.set_claim(key("shop", "pvc3"), None, &mut dirty);
         assert!(v.state_of("v1").is_none());
         assert_eq!(v.namespaces().count(), 0);
+    }
+
+    // Any other update of a bound claim (its status, an annotation) keeps
+    // what was read of its PV: no second read, no state lost meanwhile. A
+    // claim made again under the same name is another binding.
+    #[test]
+    fn a_claim_update_keeps_its_pv() {
+        let mut v = MemberView::default();
+        let mut dirty = Dirty::new();
+        v.set_claim(
+            key("shop", "pvc3"),
+            Some(claim("v1", Some("pv-1"))),
+            &mut dirty,
+        );
+        assert!(v.set_pv(
+            "pv-1",
+            Some(bound("shop", "pvc3", "uid-v1", "h1")),
+            &mut dirty
+        ));
+        let in_use = "kubernetes.io/csi/hostpath.csi.k8s.io^h1";
+        v.set_node("n1", Some(set(&[in_use])), &mut dirty);
+        let before = states(&v, "v1");
+        assert_eq!(before, [("n1".into(), Phase::VolReady, vec![])]);
+        v.set_claim(
+            key("shop", "pvc3"),
+            Some(claim("v1", Some("pv-1"))),
+            &mut dirty,
+        );
+        assert_eq!(v.unresolved().count(), 0, "not read again");
+        assert_eq!(states(&v, "v1"), before);
+        let mut again = claim("v1", Some("pv-1"));
+        again.uid = Some("uid-of-a-new-claim".into());
+        v.set_claim(key("shop", "pvc3"), Some(again), &mut dirty);
+        assert_eq!(v.unresolved().collect::<Vec<_>>(), ["pv-1"]);
+        assert!(states(&v, "v1").is_empty());
     }
 
     // A change marks exactly the volumes it concerns.
