@@ -172,6 +172,12 @@ pub struct ServeArgs {
     #[arg(long, value_name = "LABEL")]
     pub virtual_node_member_label: Option<String>,
 
+    /// Node annotation whose value names a virtual node's member cluster,
+    /// read when the member label is absent; Kosmos writes this one on its
+    /// nodes. Empty: none.
+    #[arg(long, value_name = "ANNOTATION", default_value = crate::registrar::KOSMOS_MEMBER_ANNOTATION)]
+    pub virtual_node_member_annotation: String,
+
     /// The member cluster whose volumes this node mounts: NodeGetInfo then
     /// reports topology `topology.relay.csi.dev/member=NAME`, which member
     /// volumes' PVs require of the node they are used on.

@@ -34,6 +34,10 @@ pub trait RecordMirror: Send + Sync + 'static {
     /// Makes the copy of volume `id` what the store holds (`current`) if
     /// an earlier write of it failed or is not known to have landed.
     async fn settle(&self, id: &str, current: Option<&Volume>) -> CsiResult<()>;
+    /// Shows where users look why `call` on the volume failed, until the
+    /// volume moves on. Best effort: the call's own error is what the CO
+    /// acts on.
+    async fn note_failure(&self, _vol: &Volume, _call: &str, _error: &CsiError) {}
 }
 
 #[derive(Clone)]
@@ -87,6 +91,13 @@ impl Driver {
         match &self.mirror {
             Some(m) => m.settle(id, current).await,
             None => Ok(()),
+        }
+    }
+
+    /// See [`RecordMirror::note_failure`].
+    pub async fn note_failure(&self, vol: &Volume, call: &str, error: &CsiError) {
+        if let Some(m) = &self.mirror {
+            m.note_failure(vol, call, error).await;
         }
     }
 

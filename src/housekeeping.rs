@@ -6,7 +6,10 @@
 //! data stay for ever, invisible to ListVolumes. A periodic sweep (the
 //! first at start-up) therefore:
 //! - rolls back creates older than `--stale-provisioning-after` (the CO was
-//!   never told they exist, so nothing is lost: a late retry starts anew);
+//!   never told they exist, so nothing is lost: a late retry starts anew),
+//!   and, every [`ABANDONED_CHECK`], sooner those whose claim the backend
+//!   shows gone (`Backend::abandoned`): a refused create whose PVC was
+//!   deleted would otherwise show as work in progress for an hour;
 //! - finishes deletions the CO asked for but that were cut short;
 //! - removes backend data that no record owns (a crash mid-way through a
 //!   delete, or temporary copies);
@@ -29,11 +32,16 @@ use crate::volume::{Lifecycle, Snapshot, Volume};
 
 /// Delay of the first sweep after start-up.
 const FIRST_SWEEP_AFTER: Duration = Duration::from_secs(2);
+/// How often unfinished creates are checked for a claim that is gone: one
+/// API read per unfinished create, and there are few.
+pub const ABANDONED_CHECK: Duration = Duration::from_secs(20);
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Report {
     pub expired_volumes: usize,
+    /// Unfinished creates rolled back because their claim is gone.
+    pub abandoned_volumes: usize,
     pub expired_snapshots: usize,
     pub finished_volume_deletes: usize,
     pub finished_snapshot_deletes: usize,
@@ -124,9 +132,10 @@ pub async fn sweep(d: &Driver) -> CsiResult<Report> {
     for vol in d.db(|s| s.unfinished_volumes()).await? {
         let due = vol.lifecycle == Lifecycle::Deleting || stale(vol.created_unix, grace);
         if due {
-            sweep_volume(d, vol, &mut report).await;
+            sweep_volume(d, vol, Expiry::Stale, &mut report).await;
         }
     }
+    sweep_abandoned(d, &mut report).await?;
     for snap in d.db(|s| s.unfinished_snapshots()).await? {
         // A group's member snapshots go with their group.
         let due = snap.group_snapshot_id.is_none()
@@ -143,6 +152,23 @@ pub async fn sweep(d: &Driver) -> CsiResult<Report> {
     }
     detach_unlinked_loops(d, &mut report).await;
     Ok(report)
+}
+
+/// Rolls back the unfinished creates whose claim the backend shows gone.
+pub async fn sweep_abandoned(d: &Driver, report: &mut Report) -> CsiResult<()> {
+    for vol in d.db(|s| s.unfinished_volumes()).await? {
+        if vol.lifecycle != Lifecycle::Provisioning {
+            continue;
+        }
+        match d.backend.abandoned(&vol).await {
+            Ok(true) => sweep_volume(d, vol, Expiry::ClaimGone, report).await,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::debug!(volume_id = %vol.id, error = %e, "housekeeping: cannot tell whether an unfinished create's claim is gone")
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A loop device over a deleted volume file serves data no record owns
@@ -216,7 +242,16 @@ async fn collect_attachment(d: &Driver, a: OwnAttachment, report: &mut Report) {
     }
 }
 
-async fn sweep_volume(d: &Driver, vol: Volume, report: &mut Report) {
+/// Why an unfinished create is rolled back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    /// Older than `--stale-provisioning-after`.
+    Stale,
+    /// Its claim is gone (`Backend::abandoned`).
+    ClaimGone,
+}
+
+async fn sweep_volume(d: &Driver, vol: Volume, why: Expiry, report: &mut Report) {
     let Ok(_guard) = d
         .limiter
         .try_acquire(&[volume_name_key(&vol.name), volume_key(&vol.id)])
@@ -238,6 +273,11 @@ async fn sweep_volume(d: &Driver, vol: Volume, report: &mut Report) {
     }
     .await;
     match result {
+        Ok(()) if expired && why == Expiry::ClaimGone => {
+            tracing::warn!(volume_id = %vol.id, name = %vol.name, created_unix = vol.created_unix, "housekeeping: rolled back a volume whose CreateVolume was never finished and whose claim is gone");
+            crate::observe::housekeeping("abandoned_volume");
+            report.abandoned_volumes += 1;
+        }
         Ok(()) if expired => {
             tracing::warn!(volume_id = %vol.id, name = %vol.name, created_unix = vol.created_unix, "housekeeping: rolled back a volume whose CreateVolume was never finished");
             crate::observe::housekeeping("expired_volume");
@@ -355,10 +395,26 @@ pub fn spawn(d: Driver, interval: Duration) -> tokio::task::JoinHandle<()> {
         tokio::time::sleep(FIRST_SWEEP_AFTER.min(interval)).await;
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut check = tokio::time::interval(ABANDONED_CHECK.min(interval));
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Both first ticks are due now: the full sweep covers the check.
+        check.tick().await;
         loop {
-            tick.tick().await;
+            let full = tokio::select! {
+                _ = tick.tick() => true,
+                _ = check.tick() => false,
+            };
             let work = d.clone();
-            match crate::offload::call("housekeeping", async move { sweep(&work).await }).await {
+            let swept = crate::offload::call("housekeeping", async move {
+                if full {
+                    sweep(&work).await
+                } else {
+                    let mut report = Report::default();
+                    sweep_abandoned(&work, &mut report).await.map(|()| report)
+                }
+            })
+            .await;
+            match swept {
                 Ok(r) if r.is_empty() => {
                     tracing::debug!(busy = r.busy, "housekeeping: nothing to do")
                 }

@@ -344,6 +344,8 @@ async fn start_controller_background(
         let mut config = crate::registrar::RegistrarConfig::new(args.driver_name.clone());
         config.selector = args.virtual_node_selector.clone();
         config.member_label = args.virtual_node_member_label.clone();
+        config.member_annotation =
+            Some(args.virtual_node_member_annotation.clone()).filter(|key| !key.is_empty());
         // With one member cluster, every virtual node stands for it.
         if let [only] = args.members.as_slice() {
             config.default_member = Some(only.name.clone());

@@ -217,6 +217,14 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Whether the CO can no longer want a volume whose CreateVolume never
+    /// finished (the claim it was for is gone), so that it is rolled back
+    /// now rather than once it is stale. `false` when the backend cannot
+    /// tell.
+    async fn abandoned(&self, _vol: &Volume) -> CsiResult<bool> {
+        Ok(false)
+    }
+
     /// Releases the volume's storage. Already absent is success.
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()>;
 

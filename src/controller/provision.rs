@@ -243,8 +243,9 @@ pub async fn create_volume(
             .map_err(|e| CsiError::Internal(format!("log sync failed: {e}")))?;
         allocated?;
         synced?;
-    } else {
-        allocate(d, &vol).await?;
+    } else if let Err(e) = allocate(d, &vol).await {
+        d.note_failure(&vol, "CreateVolume", &e).await;
+        return Err(e);
     }
     let vol = state::provisioned(&vol);
     // Local data renamed into place witnesses the creation: start-up turns

@@ -4,6 +4,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::Api;
+
 use crate::backend::{
     Backend, CapacityReport, DataKind, Health, NodeSource, OwnAttachment, Placement, SourceData,
     StoredData,
@@ -394,6 +397,31 @@ impl Backend for MemberBackend {
         pvc::ensure(cluster, &claim, &vol.id).await?;
         tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
         Ok(())
+    }
+
+    /// The host PVC the request named (external-provisioner's
+    /// `--extra-create-metadata`) is gone, or its name is now another
+    /// claim's: the provisioner names a volume `pvc-<claim uid>`, and no
+    /// claim will ask for this name again.
+    async fn abandoned(&self, vol: &Volume) -> CsiResult<bool> {
+        let Some(host) = &self.host else {
+            return Ok(false);
+        };
+        let params = decode_volume_params(vol)?;
+        let (Some(namespace), Some(name)) = (&params.pvc_namespace, &params.pvc_name) else {
+            return Ok(false);
+        };
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(host.client(), namespace);
+        let claim = host
+            .fetch(
+                &format!("get PersistentVolumeClaim {namespace}/{name}"),
+                api.get_metadata(name),
+            )
+            .await?;
+        Ok(match claim.and_then(|c| c.metadata.uid) {
+            None => true,
+            Some(uid) => vol.name.starts_with("pvc-") && vol.name != format!("pvc-{uid}"),
+        })
     }
 
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {

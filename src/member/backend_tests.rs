@@ -542,6 +542,105 @@ async fn create_refuses_a_pvc_of_another_volume() {
     assert!(err.to_string().contains(&name), "{err}");
 }
 
+/// What Kosmos leaves in the member when it mirrors the pod first: the host
+/// claim copied under the same name, marked global, with the host's class.
+fn kosmos_copy(vol: &Volume, uid: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": pvc_name(vol), "namespace": "relay", "uid": uid,
+                     "annotations": {"kosmos.io/global": "true",
+                                     "kosmos-io/cluster-owners": "east",
+                                     "volume.kubernetes.io/storage-provisioner": "relay.csi.dev"},
+                     "finalizers": ["kubernetes.io/pvc-protection"]},
+        "spec": {"storageClassName": "relay-east-immediate",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Pending"}
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn create_replaces_kosmos_unbound_copy_of_the_host_claim() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let name = pvc_name(&vol);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.already_exists();
+        api.expect("GET", &format!("{PVCS}/{name}"))
+            .await
+            .ok(kosmos_copy(&vol, "u-kosmos"));
+        let delete = api.expect("DELETE", &format!("{PVCS}/{name}")).await;
+        // Only that claim: a newer one of the same name is not deleted.
+        assert_eq!(delete.body["preconditions"]["uid"], "u-kosmos");
+        delete.ok(kosmos_copy(&vol, "u-kosmos"));
+        // The PVC protection finalizer goes a moment later.
+        api.expect("GET", &format!("{PVCS}/{name}"))
+            .await
+            .ok(kosmos_copy(&vol, "u-kosmos"));
+        api.expect("GET", &format!("{PVCS}/{name}"))
+            .await
+            .not_found();
+        let post = api.expect("POST", PVCS).await;
+        assert_eq!(
+            post.body["metadata"]["annotations"][naming::VOLUME_ID_ANNOTATION],
+            json!(vol.id)
+        );
+        post.created();
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kosmos_copy_that_bound_or_will_not_go_is_not_taken_over() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let name = pvc_name(&vol);
+    // Bound: it may hold data; refused, never deleted.
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("POST", PVCS).await.already_exists();
+        let mut bound = kosmos_copy(&vol, "u-bound");
+        bound["spec"]["volumeName"] = "pv-9".into();
+        bound["status"]["phase"] = "Bound".into();
+        api.expect("GET", &format!("{PVCS}/{name}")).await.ok(bound);
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    assert!(err.to_string().contains("something else made it"), "{err}");
+    assert!(!err.to_string().contains("None"), "{err}");
+    // Unbound but held by a finalizer past the wait: ABORTED, the CO retries.
+    let serve = async {
+        api.expect("POST", PVCS).await.already_exists();
+        api.expect("GET", &format!("{PVCS}/{name}"))
+            .await
+            .ok(kosmos_copy(&vol, "u-held"));
+        api.expect("DELETE", &format!("{PVCS}/{name}"))
+            .await
+            .ok(kosmos_copy(&vol, "u-held"));
+        loop {
+            api.expect("GET", &format!("{PVCS}/{name}"))
+                .await
+                .ok(kosmos_copy(&vol, "u-held"));
+        }
+    };
+    let err = tokio::select! {
+        result = b.create_volume(&vol, None) => result.unwrap_err(),
+        () = serve => unreachable!(),
+    };
+    assert_eq!(err.code(), Code::Aborted, "{err}");
+    assert!(err.to_string().contains("still there"), "{err}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_missing_member_storage_class_is_named() {
     let (b, mut api) = east();
@@ -1569,4 +1668,52 @@ async fn snapshots_are_recovered_from_member_volume_snapshots() {
     let mut want = snap.clone();
     want.lifecycle = Lifecycle::Ready;
     assert_eq!(found[0], want);
+}
+
+// An unfinished create is given up only when the host claim it was for is
+// gone or its name now belongs to another claim (the provisioner names a
+// volume `pvc-<claim uid>`); without the claim's name it cannot tell.
+#[tokio::test(start_paused = true)]
+async fn an_unfinished_create_is_abandoned_once_its_host_claim_is_gone() {
+    let (b, _member, mut host) = with_host();
+    let claim = "/api/v1/namespaces/shop/persistentvolumeclaims/data";
+    let meta = |uid: &str| {
+        json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+               "metadata": {"name": "data", "namespace": "shop", "uid": uid}})
+    };
+    let vol = volume_named(
+        &b,
+        "pvc-0a1b",
+        params(&[
+            ("memberNamespace", "relay"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", "shop"),
+        ]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    for (answer, want) in [(Some("0a1b"), false), (Some("ffff"), true), (None, true)] {
+        let (result, ()) = tokio::join!(b.abandoned(&vol), async {
+            let get = host.expect("GET", claim).await;
+            match answer {
+                Some(uid) => get.ok(meta(uid)),
+                None => get.not_found(),
+            }
+        });
+        assert_eq!(result.unwrap(), want, "{answer:?}");
+    }
+    // An unreachable host is no reason to roll back.
+    let (result, ()) = tokio::join!(b.abandoned(&vol), async {
+        host.expect("GET", claim).await.refuse();
+    });
+    assert!(result.is_err());
+    // No claim name in the request: nothing to look at.
+    let blind = volume(
+        &b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let (result, ()) = tokio::join!(b.abandoned(&blind), host.expect_idle());
+    assert!(!result.unwrap());
 }

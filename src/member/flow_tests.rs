@@ -539,3 +539,123 @@ async fn nothing_is_acknowledged_or_made_in_the_member_before_its_relayvolume_is
     let (last, (), ()) = tokio::join!(delete(), member.expect_idle(), host.expect_idle());
     last.unwrap();
 }
+
+/// Answers a status apply with a whole object, as the API server does.
+fn answer_whole(call: testing::Call) {
+    let mut whole = call.body.clone();
+    whole["spec"] = json!({"volumeId": "v", "volumeName": "n", "capacityBytes": 1, "record": "{}"});
+    call.ok(whole);
+}
+
+// A create the member refuses shows why on its RelayVolume (a field
+// manager of its own, so the controller's status applies keep it), the
+// retry that succeeds takes it away, and a create whose host claim is
+// deleted meanwhile is rolled back by the next check, not an hour later.
+#[tokio::test(start_paused = true)]
+async fn a_refused_create_shows_why_and_goes_with_its_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = mirrored_driver(tmp.path());
+    let (first, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.already_exists();
+            let mut foreign = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "namespace": "relay", "uid": "u-1"},
+                "status": {"phase": "Bound"}});
+            foreign["spec"] = json!({"volumeName": "pv-other"});
+            member
+                .expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(foreign);
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "PROVISIONING");
+            let note = host.next().await;
+            assert!(note.path.ends_with("/status"), "{}", note.path);
+            assert_eq!(note.query_map()["fieldManager"], "csi-relay-errors");
+            let text = note.body["status"]["lastError"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                text.starts_with("CreateVolume: AlreadyExists: member cluster east"),
+                "{text}"
+            );
+            assert!(text.contains("relay/data"), "{text}");
+            assert!(note.body["status"]["lastErrorTime"].is_string());
+            assert!(note.body["status"].get("phase").is_none());
+            answer_whole(note);
+        }
+    );
+    assert_eq!(first.unwrap_err().code(), Code::AlreadyExists);
+
+    // The retry succeeds: CREATED, and the failure is cleared by applying
+    // nothing under its manager.
+    let (second, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.created();
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "CREATED");
+            let clear = host.next().await;
+            assert_eq!(clear.query_map()["fieldManager"], "csi-relay-errors");
+            assert_eq!(clear.body["status"], json!({}));
+            answer_whole(clear);
+            host.expect_idle().await;
+        }
+    );
+    second.unwrap();
+
+    // Another claim's create is refused, and its claim is then deleted.
+    let mut other = create_request();
+    other.name = "pvc-9f8e".into();
+    other
+        .parameters
+        .insert("csi.storage.k8s.io/pvc/name".into(), "cache".into());
+    let (refused, (), ()) = tokio::join!(
+        provision::create_volume(&d, other.clone()),
+        async {
+            member
+                .expect("POST", PVCS)
+                .await
+                .status(403, "Forbidden", "quota exceeded");
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "PROVISIONING");
+            answer_whole(host.next().await);
+        }
+    );
+    assert!(refused.is_err());
+    let mut report = crate::housekeeping::Report::default();
+    let (swept, (), ()) = tokio::join!(
+        crate::housekeeping::sweep_abandoned(&d, &mut report),
+        async {
+            // Rolled back: the member claim (never made) and the record.
+            member
+                .expect("GET", &format!("{PVCS}/cache"))
+                .await
+                .not_found();
+        },
+        async {
+            // The host claim "cache" is gone (the Ready volume's claim is
+            // not even looked at).
+            host.expect(
+                "GET",
+                "/api/v1/namespaces/shop/persistentvolumeclaims/cache",
+            )
+            .await
+            .not_found();
+            // Its RelayVolume goes with it.
+            let gone = host.next().await;
+            assert!(
+                gone.method == "DELETE" && gone.path.starts_with(RV),
+                "{}",
+                gone.path
+            );
+            gone.ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+            host.expect_idle().await;
+        }
+    );
+    swept.unwrap();
+    assert_eq!(report.abandoned_volumes, 1, "{report:?}");
+}

@@ -18,19 +18,26 @@ use crate::driver::RecordMirror;
 use crate::error::{CsiError, CsiResult};
 use crate::member::relay_volume::RelayVolumeObserver;
 use crate::unpoisoned::lock;
-use crate::volume::Volume;
+use crate::volume::{Lifecycle, Volume};
 
 pub struct RelayMirror {
     writer: RelayVolumeObserver,
     /// Volumes whose RelayVolume may not be what the store holds.
     unmirrored: Mutex<HashSet<String>>,
+    /// Volumes whose RelayVolume this process made show a failure.
+    failing: Mutex<HashSet<String>>,
 }
+
+/// Longest failure text shown (the API server takes far more; a person
+/// reading `kubectl get` does not).
+const MAX_FAILURE_TEXT: usize = 1024;
 
 impl RelayMirror {
     pub fn new(writer: RelayVolumeObserver) -> Self {
         RelayMirror {
             writer,
             unmirrored: Mutex::default(),
+            failing: Mutex::default(),
         }
     }
 
@@ -68,7 +75,38 @@ impl RecordMirror for RelayMirror {
             return Ok(());
         }
         let written = self.writer.apply(vol).await.map(drop);
-        self.landed(&vol.id, written)
+        self.landed(&vol.id, written)?;
+        // The volume moved on: a failure shown is no longer its state.
+        let noted = lock(&self.failing).remove(&vol.id);
+        if vol.lifecycle == Lifecycle::Ready && (noted || self.writer.shows_failure(&vol.id)) {
+            if let Err(e) = self.writer.apply_failure(&vol.id, None).await {
+                tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume still shows the last failure");
+            }
+        }
+        Ok(())
+    }
+
+    async fn note_failure(&self, vol: &Volume, call: &str, error: &CsiError) {
+        if vol.ephemeral {
+            return;
+        }
+        let mut text = format!("{call}: {:?}: {error}", error.code());
+        if text.len() > MAX_FAILURE_TEXT {
+            let mut end = MAX_FAILURE_TEXT;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            text.push('…');
+        }
+        match self.writer.apply_failure(&vol.id, Some(&text)).await {
+            Ok(()) => {
+                lock(&self.failing).insert(vol.id.clone());
+            }
+            Err(e) => {
+                tracing::warn!(volume_id = %vol.id, error = %e, "cannot show the failure on the RelayVolume")
+            }
+        }
     }
 
     async fn remove(&self, vol: &Volume) -> CsiResult<()> {

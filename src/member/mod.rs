@@ -16,6 +16,7 @@
 pub mod attach;
 pub mod backend;
 pub mod capacity;
+pub mod claim_copy;
 pub mod cluster;
 pub mod config;
 pub mod error;

@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 
 use crate::capability::{AccessMode, Capability};
 use crate::error::{CsiError, CsiResult};
+use crate::member::claim_copy;
 use crate::member::cluster::Cluster;
 use crate::member::naming::{self, MemberVolume};
 use crate::member::quantity;
@@ -113,7 +114,13 @@ fn claims(cluster: &Cluster, namespace: &str) -> Api<PersistentVolumeClaim> {
     Api::namespaced(cluster.client(), namespace)
 }
 
+/// How often one call replaces a mirroring system's copy of the claim
+/// before it gives the CO the retry (the copy reappeared each time).
+const REPLACE_ATTEMPTS: usize = 3;
+
 /// Creates the member PVC, or adopts the one a previous attempt created.
+/// A Kosmos copy of the host claim holding the name is replaced (see
+/// [`claim_copy`]).
 pub async fn ensure(
     cluster: &Cluster,
     pvc: &PersistentVolumeClaim,
@@ -123,32 +130,56 @@ pub async fn ensure(
     let name = pvc.metadata.name.clone().unwrap_or_default();
     let api = claims(cluster, &namespace);
     let what = format!("create PersistentVolumeClaim {namespace}/{name}");
-    match cluster
-        .create_or_missing(&what, api.create(&PostParams::default(), pvc))
-        .await?
-    {
-        Ok(Some(created)) => return Ok(created),
-        Ok(None) => {}
-        Err(why) => {
-            return Err(CsiError::FailedPrecondition(format!(
-                "{}: namespace {namespace:?} of PersistentVolumeClaim {name} does not exist ({why}); create it there, or set the StorageClass parameter createMemberNamespace: \"true\"",
-                cluster.label()
-            )))
+    for _ in 0..REPLACE_ATTEMPTS {
+        match cluster
+            .create_or_missing(&what, api.create(&PostParams::default(), pvc))
+            .await?
+        {
+            Ok(Some(created)) => return Ok(created),
+            Ok(None) => {}
+            Err(why) => {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{}: namespace {namespace:?} of PersistentVolumeClaim {name} does not exist ({why}); create it there, or set the StorageClass parameter createMemberNamespace: \"true\"",
+                    cluster.label()
+                )))
+            }
         }
+        // Already there: ours from an earlier attempt, or someone else's.
+        let Some(existing) = get(cluster, &namespace, &name).await? else {
+            continue;
+        };
+        if claim_copy::replaceable(&existing) {
+            claim_copy::remove(cluster, &existing).await?;
+            continue;
+        }
+        return adopt(cluster, existing, volume_id);
     }
-    // Already there: ours from an earlier attempt, or someone else's.
-    let existing = get(cluster, &namespace, &name).await?.ok_or_else(|| {
-        CsiError::Aborted(format!(
-            "{}: PersistentVolumeClaim {namespace}/{name} vanished while being created; retry",
-            cluster.label()
-        ))
-    })?;
+    Err(CsiError::Aborted(format!(
+        "{}: PersistentVolumeClaim {namespace}/{name} was taken by another claim {REPLACE_ATTEMPTS} times while the relay created it; retry",
+        cluster.label()
+    )))
+}
+
+/// The claim found under the member PVC's name: the relay's own from an
+/// earlier attempt, or an error saying whose it is.
+fn adopt(
+    cluster: &Cluster,
+    existing: PersistentVolumeClaim,
+    volume_id: &str,
+) -> CsiResult<PersistentVolumeClaim> {
+    let namespace = existing.metadata.namespace.as_deref().unwrap_or_default();
+    let name = existing.metadata.name.as_deref().unwrap_or_default();
     if !belongs_to(&existing, volume_id) {
+        let whose = match annotation(&existing, naming::VOLUME_ID_ANNOTATION) {
+            Some(other) => format!("the relay made it for volume {other}"),
+            None => format!(
+                "it has no {} annotation, so something else made it",
+                naming::VOLUME_ID_ANNOTATION
+            ),
+        };
         return Err(CsiError::AlreadyExists(format!(
-            "{}: a PersistentVolumeClaim {namespace}/{name} that csi-relay did not create for volume {volume_id} already holds that name (its {} is {:?}); the relay never adopts or changes it: delete or rename it, or set the StorageClass parameter memberClaimName: generated",
+            "{}: PersistentVolumeClaim {namespace}/{name} already exists and csi-relay did not create it for volume {volume_id} ({whose}); the relay never adopts or changes a claim it did not make: delete or rename that claim, or, where no pod expects the claim under the host claim's name, set the StorageClass parameter memberClaimName: generated",
             cluster.label(),
-            naming::VOLUME_ID_ANNOTATION,
-            annotation(&existing, naming::VOLUME_ID_ANNOTATION)
         )));
     }
     if existing.metadata.deletion_timestamp.is_some() {

@@ -57,7 +57,8 @@ fn record_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Erro
     printcolumn = r#"{"name": "MEMBER", "type": "string", "jsonPath": ".spec.member"}"#,
     printcolumn = r#"{"name": "MEMBER-PVC", "type": "string", "jsonPath": ".spec.memberPvc"}"#,
     printcolumn = r#"{"name": "NODES", "type": "string", "jsonPath": ".status.nodeSummary"}"#,
-    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name": "LAST-ERROR", "type": "string", "jsonPath": ".status.lastError"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RelayVolumeSpec {
@@ -91,6 +92,13 @@ pub struct RelayVolumeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub nodes: Option<Vec<RelayNodeStatus>>,
+    /// Why the last call on the volume failed (`<call>: <CSI code>: <message>`),
+    /// while it has not moved on since; written by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When that call failed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error_time: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -319,6 +327,7 @@ pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) ->
                 phase: Some(phase),
                 node_summary: Some(summary),
                 nodes: Some(nodes),
+                ..Default::default()
             }
         }
         Role::Node { node_id } => RelayVolumeStatus {
@@ -331,6 +340,7 @@ pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) ->
                     .into_iter()
                     .collect(),
             ),
+            ..Default::default()
         },
     }
 }
@@ -430,6 +440,37 @@ impl RelayVolumeObserver {
             )
             .await
             .map(|o| o.is_some())
+    }
+
+    /// Whether the watched object shows a failure (`status.lastError`).
+    pub fn shows_failure(&self, id: &str) -> bool {
+        self.seen(&object_name(id))
+            .is_some_and(|s| s.last_error.is_some())
+    }
+
+    /// Sets (`Some`) or clears (`None`) `status.lastError` of volume `id`'s
+    /// object. Its own field manager owns the two fields, so the writers of
+    /// the rest never drop them, and applying none removes them. A missing
+    /// object is left missing.
+    pub async fn apply_failure(&self, id: &str, failure: Option<&str>) -> CsiResult<()> {
+        let name = object_name(id);
+        let params = PatchParams::apply(&format!("{FIELD_MANAGER}-errors")).force();
+        let status = match failure {
+            Some(text) => serde_json::json!({
+                "lastError": text,
+                "lastErrorTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            }),
+            None => serde_json::json!({}),
+        };
+        let body = apply_body(&name, "status", status);
+        self.host
+            .fetch(
+                &format!("apply RelayVolume {name} status.lastError"),
+                self.api()
+                    .patch_status(&name, &params, &Patch::Apply(&body)),
+            )
+            .await
+            .map(drop)
     }
 
     /// Removes `vol`'s object (controller) or this node's entry (node).

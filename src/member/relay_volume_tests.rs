@@ -303,7 +303,17 @@ fn the_crd_renders_with_its_printer_columns() {
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(columns, ["PHASE", "MEMBER", "MEMBER-PVC", "NODES", "AGE"]);
+    assert_eq!(
+        columns,
+        [
+            "PHASE",
+            "MEMBER",
+            "MEMBER-PVC",
+            "NODES",
+            "AGE",
+            "LAST-ERROR"
+        ]
+    );
     assert!(version
         .subresources
         .as_ref()

@@ -20,8 +20,9 @@
 //! - our `driver → node name` pair in the node-id annotation, other drivers'
 //!   pairs kept;
 //! - the topology labels `<prefix>node=<node name>` and, when the node
-//!   carries the configured member label (e.g. `kosmos.io/cluster-name`),
-//!   `<prefix>member=<its value>`.
+//!   names its member cluster (the configured member label, else the member
+//!   annotation, by default Kosmos's `kosmos-io/owned-by-cluster`, else the
+//!   only member), `<prefix>member=<that name>`.
 //!
 //! When a node stops matching, exactly what the registrar added is taken
 //! away again; other drivers' entries and labels kubelet or an admin set are
@@ -59,6 +60,10 @@ pub use selector::{NodeSelector, SelectorError, TaintEffect, DEFAULT_SELECTOR};
 
 use selector::{check_key, check_value};
 
+/// The annotation Kosmos writes on each of its nodes, naming the member
+/// cluster (its `Cluster` object) the node stands for.
+pub const KOSMOS_MEMBER_ANNOTATION: &str = "kosmos-io/owned-by-cluster";
+
 /// Upper bound of one API call of a reconcile.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// A registered node is looked at again this often even without a change,
@@ -91,8 +96,12 @@ pub struct RegistrarConfig {
     /// `<prefix>member`. `None`: no member label is set (an admin-set
     /// `<prefix>member` label is still used as a topology key).
     pub member_label: Option<String>,
-    /// The member cluster of virtual nodes without that label: the only
-    /// one, when the driver serves a single member cluster.
+    /// A node annotation whose value names the member cluster, read when the
+    /// member label is absent: Kosmos writes `kosmos-io/owned-by-cluster` on
+    /// its nodes and sets no label naming the cluster.
+    pub member_annotation: Option<String>,
+    /// The member cluster of virtual nodes without that label or annotation:
+    /// the only one, when the driver serves a single member cluster.
     pub default_member: Option<String>,
 }
 
@@ -104,6 +113,7 @@ impl RegistrarConfig {
             selector: NodeSelector::default(),
             topology_key_prefix: crate::config::TOPOLOGY_PREFIX.to_string(),
             member_label: None,
+            member_annotation: None,
             default_member: None,
         }
     }
@@ -140,6 +150,9 @@ impl RegistrarConfig {
         check_key(&self.member_key()).map_err(|r| invalid("topology key prefix", prefix, r))?;
         if let Some(label) = &self.member_label {
             check_key(label).map_err(|r| invalid("member label", label, r))?;
+        }
+        if let Some(key) = &self.member_annotation {
+            check_key(key).map_err(|r| invalid("member annotation", key, r))?;
         }
         Ok(())
     }
@@ -259,6 +272,7 @@ pub async fn run_until(
         driver = config.driver_name.as_str(),
         selector = %config.selector,
         member_label = ?config.member_label,
+        member_annotation = ?config.member_annotation,
         "virtual node registrar started"
     );
     let nodes = Api::<Node>::all(watch_client.clone());

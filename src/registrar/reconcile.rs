@@ -110,7 +110,24 @@ pub fn registration(
         .as_ref()
         .and_then(|key| current.get(key))
         .filter(|v| !v.is_empty());
-    if let Some(value) = labelled_member.or(config.default_member.as_ref()) {
+    let annotated_member = config
+        .member_annotation
+        .as_ref()
+        .and_then(|key| node.metadata.annotations.as_ref()?.get(key).map(|v| (key, v)))
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(key, value)| {
+            // Any string may sit in an annotation; it becomes a label value.
+            check_value(value).map(|()| value).map_err(|reason| {
+                ReconcileError::InvalidNode(format!(
+                    "node {name}: annotation {key}={value:?} cannot name its member cluster in label {member_key}: it {reason}"
+                ))
+            })
+        })
+        .transpose()?;
+    if let Some(value) = labelled_member
+        .or(annotated_member)
+        .or(config.default_member.as_ref())
+    {
         wanted.insert(member_key.clone(), value.clone());
     }
     // A member label an admin set (not ours) still makes the key a topology

@@ -397,6 +397,64 @@ async fn a_csinode_entry_that_is_stale_or_not_ours_is_applied_again() {
     }
 }
 
+/// A Kosmos node as Kosmos makes it: the member cluster only in the
+/// `kosmos-io/owned-by-cluster` annotation, no label naming it.
+fn kosmos_node(owner: &str, labels: Value) -> Arc<Node> {
+    let spec = NodeSpec {
+        labels,
+        node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+        ..Default::default()
+    };
+    let mut json = node_json(&spec, "100");
+    json["metadata"]["annotations"][KOSMOS_MEMBER_ANNOTATION] = owner.into();
+    Arc::new(serde_json::from_value(json).expect("a Node"))
+}
+
+// With two members there is no default: the annotation Kosmos writes is
+// what names the node's member, and a member label, where set, wins.
+#[tokio::test]
+async fn kosmos_owner_annotation_names_the_member_when_no_label_does() {
+    let two_members = RegistrarConfig {
+        member_annotation: Some(KOSMOS_MEMBER_ANNOTATION.into()),
+        ..config()
+    };
+    for (labels, want) in [
+        (json!({}), "west"),
+        (json!({CLUSTER_LABEL: "east"}), "east"),
+    ] {
+        let vn = kosmos_node("west", labels);
+        let result = run_reconcile(vn, two_members.clone(), async |api| {
+            let labels = api.expect("PATCH", NODE_PATH).await;
+            assert_eq!(
+                labels.body["metadata"]["labels"],
+                json!({MEMBER_KEY: want, NODE_KEY: NODE})
+            );
+            let written = NodeSpec {
+                labels: json!({MEMBER_KEY: want, NODE_KEY: NODE}),
+                managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+                node_id: Some(r#"{"relay.csi.dev":"vn-east"}"#),
+                ..Default::default()
+            };
+            labels.ok(node_json(&written, "101"));
+            api.expect("GET", CSINODE_PATH)
+                .await
+                .status(404, "NotFound", "NotFound");
+            let apply = api.expect("PATCH", CSINODE_PATH).await;
+            assert_eq!(apply.body, expected_csinode_apply(&[MEMBER_KEY, NODE_KEY]));
+            apply.echo();
+        })
+        .await;
+        assert!(result.is_ok(), "{want}");
+    }
+    // Any string may sit in an annotation: one that cannot be a label value
+    // is refused, naming the node, the annotation and why.
+    let bad = kosmos_node("west/../x", json!({}));
+    let result = run_reconcile(bad, two_members, async |_| {}).await;
+    let err = result.expect_err("refused").to_string();
+    assert!(err.contains(KOSMOS_MEMBER_ANNOTATION), "{err}");
+    assert!(err.contains("west/../x"), "{err}");
+}
+
 #[tokio::test]
 async fn a_member_label_we_set_goes_when_its_source_goes_and_an_admins_stays() {
     // Ours, from kosmos.io/cluster-name, which is now gone.
