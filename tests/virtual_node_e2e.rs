@@ -20,8 +20,7 @@
 mod common;
 mod e2e_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use csi_relay::member::relay_volume::RelayVolume;
@@ -31,7 +30,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
 
-use e2e_support::{attached_va, client, eventually, phase as rv_phase, relay_made};
+use e2e_support::{attached_va, client, eventually, phase as rv_phase, relay_made, Sidecar};
 
 const DRIVER: &str = "relay.csi.dev";
 
@@ -56,30 +55,6 @@ fn env() -> Option<Env> {
         virtual_node: std::env::var("RELAY_E2E_VIRTUAL_NODE").ok()?,
         sidecars: PathBuf::from(std::env::var("RELAY_E2E_SIDECARS").ok()?),
     })
-}
-
-/// A sidecar process, stopped (by PID) when dropped.
-struct Sidecar(Child);
-
-impl Sidecar {
-    fn start(binary: &Path, args: &[String], log: &Path) -> Sidecar {
-        let log = std::fs::File::create(log).expect("sidecar log");
-        let child = Command::new(binary)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
-        Sidecar(child)
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

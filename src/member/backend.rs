@@ -60,6 +60,31 @@ impl MemberBackend {
     }
 
     /// Tells virtual nodes apart (`--virtual-node-selector`).
+    /// Whether a host kubelet must finish a growth the member left to the
+    /// node (NodeExpandVolume through the relay's node plugin): only where a
+    /// host node that is not virtual uses the volume. On a virtual node, or
+    /// unused, the member's own kubelet grows the filesystem where a member
+    /// pod mounts it, and no host kubelet will ever call NodeExpandVolume:
+    /// answering "node expansion required" would leave the host claim
+    /// resizing for ever. A node that cannot be looked at counts as real.
+    async fn host_node_finishes(&self, vol: &Volume) -> CsiResult<bool> {
+        for (node_id, record) in &vol.nodes {
+            if record.is_empty() {
+                continue;
+            }
+            let virtual_node = match (&self.host, &self.virtual_nodes) {
+                (Some(host), Some(selector)) => nodes::host_node(host, node_id)
+                    .await?
+                    .is_some_and(|n| selector.matches(&n)),
+                _ => false,
+            };
+            if !virtual_node {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     pub fn with_virtual_nodes(mut self, selector: crate::registrar::NodeSelector) -> Self {
         self.virtual_nodes = Some(selector);
         self
@@ -474,11 +499,13 @@ impl Backend for MemberBackend {
                 )))
             }
             // Done on the controller side; the rest happens where it is mounted.
-            Some("NodeResizePending") | Some("NodeResizeInProgress") => return Ok(true),
+            Some("NodeResizePending") | Some("NodeResizeInProgress") => {
+                return self.host_node_finishes(vol).await
+            }
             _ => {}
         }
         if condition("FileSystemResizePending").is_some() {
-            return Ok(true);
+            return self.host_node_finishes(vol).await;
         }
         let why = condition("ControllerResizeError")
             .map(|m| format!(": the member's resizer reports {m:?}"))

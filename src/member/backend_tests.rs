@@ -1256,17 +1256,58 @@ async fn expansion_patches_the_request_and_reports_the_member_answer() {
         !result.unwrap(),
         "grown by the member: nothing for the node"
     );
-    // Node-side resize pending counts as done for the controller.
+    // Node-side resize pending counts as done for the controller. Unused
+    // (or used only on virtual nodes) the member's kubelet grows the
+    // filesystem where a member pod mounts it: no host kubelet would call
+    // NodeExpandVolume, and the host claim would stay resizing.
     let mut fs_pending = resizing.clone();
     fs_pending["status"]["conditions"] =
         json!([{"type": "FileSystemResizePending", "status": "True"}]);
     let (result, ()) = tokio::join!(b.expand_volume(&vol, 2 << 30), async {
+        api.expect("GET", &path).await.ok(fs_pending.clone());
+    });
+    assert!(!result.unwrap(), "the member's kubelet finishes it");
+    // Published to a host node with a kubelet: the relay's node plugin does.
+    let mut used = vol.clone();
+    attached_to(&mut used, "worker-1", BTreeMap::new());
+    let (result, ()) = tokio::join!(b.expand_volume(&used, 2 << 30), async {
         api.expect("GET", &path).await.ok(fs_pending);
     });
     assert!(
         result.unwrap(),
         "the filesystem is grown where it is mounted"
     );
+}
+
+// A host node the registrar treats as virtual does not count: its pods run
+// in the member, whose kubelet grows the filesystem.
+#[tokio::test(start_paused = true)]
+async fn a_growth_used_only_on_a_virtual_node_is_finished_by_the_member() {
+    let (cluster, mut api) = testing::member("east");
+    let (host, mut host_api) = testing::host();
+    let b = MemberBackend::new(vec![cluster], Some(host), "relay.csi.dev")
+        .with_virtual_nodes(crate::registrar::NodeSelector::default());
+    let mut vol = standard(&b);
+    attached_to(&mut vol, "kosmos-east", BTreeMap::new());
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let mut pending = claim(&vol, "Bound", Some("pv-9"));
+    pending["spec"]["resources"]["requests"]["storage"] = "2Gi".into();
+    pending["status"]["allocatedResourceStatuses"] = json!({"storage": "NodeResizePending"});
+    let (result, (), ()) = tokio::join!(
+        b.expand_volume(&vol, 2 << 30),
+        async {
+            api.expect("GET", &path).await.ok(pending);
+        },
+        async {
+            let mut kosmos = node("kosmos-east", json!({}));
+            kosmos["spec"] = json!({"taints": [{"key": "kosmos.io/node", "value": "true", "effect": "NoSchedule"}]});
+            host_api
+                .expect("GET", "/api/v1/nodes/kosmos-east")
+                .await
+                .ok(kosmos);
+        }
+    );
+    assert!(!result.unwrap());
 }
 
 #[tokio::test(start_paused = true)]

@@ -324,3 +324,27 @@ pub async fn create_until_ok(
     .volume
     .expect("a volume")
 }
+
+/// A sidecar (or any helper process), stopped (by PID) when dropped.
+pub struct Sidecar(std::process::Child);
+
+impl Sidecar {
+    pub fn start(binary: &std::path::Path, args: &[String], log: &std::path::Path) -> Sidecar {
+        let log = std::fs::File::create(log).expect("sidecar log");
+        let child = std::process::Command::new(binary)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", binary.display()));
+        Sidecar(child)
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# env-up.sh RUN_DIR: adds to the running shared two-cluster environment
+# (shared/e2e-env, $E2E_HOME/e2e/env-up.sh) what tests/kosmos_e2e.rs needs:
+#   - in member cluster "member" (Kosmos Cluster "member1"): a kube-scheduler
+#     and a real kubelet node "member-kl-1" with its own containerd, running the
+#     hostpath CSI driver under the name hostpath.kl.csi.k8s.io (node plugin
+#     registered through node-driver-registrar, provisioner, attacher,
+#     resizer) and its StorageClass "kl-hostpath";
+#   - a second member control plane "member2" (ports 18443-18446, no kubelet)
+#     with a bare hostpath driver and its StorageClass "member2-hostpath";
+#   - Kosmos: its CRDs in the host, a Cluster object per member and the real
+#     clustertree-cluster-manager, which makes virtual nodes kosmos-member1 and
+#     kosmos-member2 in the host.
+# Writes RUN_DIR/env.sh (sourced by the test's caller). Starts binaries from
+# $E2E_HOME/bin only; builds nothing. Undo with env-down.sh RUN_DIR (run on
+# any failure here too).
+set -Eeuo pipefail
+RUN=${1:?usage: env-up.sh RUN_DIR}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+: "${E2E_HOME:?set E2E_HOME}"
+source "$E2E_HOME/e2e/env.sh"
+source "$HERE/settings.sh"
+mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
+mkdir -p "$RUN/logs" "$RUN/hostlab/pids" "$RUN/member2/pids" "$RUN/manifests"
+trap 'rc=$?; echo "kosmos env-up failed (rc=$rc) at line $LINENO; see $RUN/logs" >&2; "$HERE/env-down.sh" "$RUN" >&2 || true; exit $rc' ERR
+T0=$(date +%s.%N)
+ts() { printf '[%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN{print a-b}')" "$*"; }
+waitfor() { # waitfor SECONDS WHAT CMD...
+  local t=$1 what=$2 i; shift 2
+  for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  echo "timed out after ${t}s waiting for: $what" >&2; return 1
+}
+for b in kubelet kube-scheduler pause hostpathplugin csi-node-driver-registrar csi-provisioner csi-attacher csi-resizer clustertree-cluster-manager; do
+  [[ -x $E2E_HOME/bin/$b ]] || { echo "missing $E2E_HOME/bin/$b" >&2; exit 2; }
+done
+[[ -d $E2E_HOME/kosmos-crds ]] || { echo "missing $E2E_HOME/kosmos-crds (Kosmos deploy/crds)" >&2; exit 2; }
+
+# member2: its control plane, in the background while member1's node starts.
+"$E2E_HOME/cluster-up.sh" member2 $MEMBER2_PORT > "$RUN/logs/cluster-up-member2.log" 2>&1 &
+m2=$!
+
+# member1: the fake member-node-1 of the shared env gets no scheduled pods
+# (Kosmos clears a mirrored pod's nodeName, the member scheduler places it).
+km taint node member-node-1 $FAKE_TAINT --overwrite > /dev/null
+export BIN_DIR=$E2E_HOME/bin CSI_BIN_DIR=$E2E_HOME/bin
+"$KL/kube-scheduler-up.sh" "$MEMBER_KUBECONFIG" $SCHED_PORT "$RUN/lab" > "$RUN/logs/scheduler-up.log" 2>&1
+# Tried twice: the script's image check (`ctr images ls -q | grep -qx`,
+# under pipefail) fails now and then when grep's early exit hits ctr
+# with SIGPIPE (exit 141).
+if ! "$KL/kubelet-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT "$RUN/lab" > "$RUN/logs/kubelet-node-up.log" 2>&1; then
+  echo "kubelet-node-up.sh failed ($(tail -1 "$RUN/logs/kubelet-node-up.log")); once more" >&2
+  "$KL/kubelet-node-down.sh" "$RUN/lab" "$MEMBER_KUBECONFIG" $KL_NODE > "$RUN/logs/kubelet-node-down-retry.log" 2>&1 || true
+  "$KL/kube-scheduler-up.sh" "$MEMBER_KUBECONFIG" $SCHED_PORT "$RUN/lab" > "$RUN/logs/scheduler-up.log" 2>&1
+  "$KL/kubelet-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT "$RUN/lab" > "$RUN/logs/kubelet-node-up.log" 2>&1
+fi
+# The shared env runs no node lifecycle controller, which would lift the
+# kubelet's not-ready taint once the node is Ready.
+km taint node $KL_NODE node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true
+DRIVER=$KL_DRIVER SC_NAME=$KL_CLASS-wffc "$KL/csi-hostpath-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE "$RUN/lab" > "$RUN/logs/csi-hostpath-up.log" 2>&1
+( LAB=$RUN/lab; source "$KL/kl-lib.sh"
+  kl_start csi-resizer "$LAB/logs/csi-resizer.log" "$E2E_HOME/bin/csi-resizer" \
+    --csi-address="$LAB/kubelet/plugins/$KL_DRIVER/csi.sock" --kubeconfig="$MEMBER_KUBECONFIG" \
+    --leader-election=false -v=3 )
+km apply -f - > /dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $KL_CLASS}
+provisioner: $KL_DRIVER
+volumeBindingMode: Immediate
+reclaimPolicy: Delete
+allowVolumeExpansion: true
+YAML
+ts "member1: scheduler, kubelet node $KL_NODE with $KL_DRIVER, class $KL_CLASS"
+
+wait $m2 || { tail -5 "$RUN/logs/cluster-up-member2.log" >&2; false; }
+M2KC=$E2E_HOME/run/member2.kubeconfig
+hl2() { ( LAB=$RUN/member2; source "$KL/kl-lib.sh"; "$@" ); }
+hl2 kl_start hostpath "$RUN/logs/member2-hostpath.log" "$E2E_HOME/bin/hostpathplugin" \
+  --endpoint "unix://$RUN/member2/hostpath.sock" --nodeid member2-node-1 --drivername $M2_DRIVER \
+  --statedir "$RUN/member2/state" -v=3
+waitfor 30 "member2 hostpath socket" test -S "$RUN/member2/hostpath.sock"
+hl2 kl_start csi-provisioner "$RUN/logs/member2-csi-provisioner.log" "$E2E_HOME/bin/csi-provisioner" \
+  --csi-address="$RUN/member2/hostpath.sock" --kubeconfig="$M2KC" --leader-election=false -v=3
+kubectl --kubeconfig "$M2KC" apply -f - > /dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: $M2_DRIVER}
+spec: {attachRequired: false, podInfoOnMount: false, volumeLifecycleModes: [Persistent]}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $M2_CLASS}
+provisioner: $M2_DRIVER
+volumeBindingMode: Immediate
+reclaimPolicy: Delete
+YAML
+waitfor 60 "member2 default ServiceAccount" kubectl --kubeconfig "$M2KC" -n default get sa default
+ts "member2: control plane, $M2_DRIVER, class $M2_CLASS"
+
+# Kosmos.
+kh apply -f "$E2E_HOME/kosmos-crds/" -f "$E2E_HOME/kosmos-crds/mcs/" > /dev/null
+kh wait --for=condition=Established crd --all --timeout=60s > /dev/null
+# A Cluster an interrupted run left (its finalizer, with no cluster-manager
+# to remove it) would keep the new one from being made.
+for c in member1 member2; do
+  kh patch clusters.kosmos.io $c --type=merge -p '{"metadata":{"finalizers":null}}' > /dev/null 2>&1 || true
+done
+kh delete clusters.kosmos.io member1 member2 --ignore-not-found --timeout=30s > /dev/null
+for m in member1:$MEMBER_KUBECONFIG member2:$M2KC; do
+  cat > "$RUN/manifests/cluster-${m%%:*}.yaml" <<YAML
+apiVersion: kosmos.io/v1alpha1
+kind: Cluster
+metadata: {name: ${m%%:*}}
+spec:
+  kubeconfig: $(base64 -w0 "${m#*:}")
+  clusterLinkOptions: {}
+  clusterTreeOptions: {enable: true}
+YAML
+  kh apply -f "$RUN/manifests/cluster-${m%%:*}.yaml" > /dev/null
+done
+# LEAF_NODE_IP: the first address Kosmos gives its nodes. Not of type
+# InternalIP: Kosmos appends the member nodes' InternalIPs (127.0.0.1 too),
+# and a duplicate fails every node status update.
+( LAB=$RUN/hostlab; source "$KL/kl-lib.sh"
+  kl_start cluster-manager "$RUN/logs/cluster-manager.log" /usr/bin/env LEAF_NODE_IP=127.0.0.1 \
+    "$E2E_HOME/bin/clustertree-cluster-manager" --kubeconfig="$HOST_KUBECONFIG" --leader-elect=false \
+    --listen-port=$KOSMOS_PORT -v=3 )
+waitfor 90 "Kosmos nodes kosmos-member1 and kosmos-member2" kh get node kosmos-member1 kosmos-member2
+ts "Kosmos: nodes kosmos-member1, kosmos-member2"
+
+cat > "$RUN/env.sh" <<ENV
+export RELAY_KOSMOS_RUN=$RUN
+export RELAY_KOSMOS_MEMBER2_KUBECONFIG=$M2KC
+export RELAY_KOSMOS_KL_STATE=$RUN/lab/csi/hostpath-state
+ENV
+ts "kosmos env up"
