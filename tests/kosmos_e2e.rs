@@ -464,18 +464,8 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
         ],
     )
     .await;
-    let sock = relay.socket.to_string_lossy().into_owned();
-    let args = |extra: &[&str]| -> Vec<String> {
-        let mut a = vec![
-            format!("--csi-address={sock}"),
-            format!("--kubeconfig={}", env.host_kubeconfig),
-            "--leader-election=false".into(),
-            "--timeout=60s".into(),
-            "-v=3".into(),
-        ];
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
+    let args =
+        |extra: &[&str]| e2e_support::sidecar_args(&relay.socket, &env.host_kubeconfig, extra);
     let provisioner = || {
         Sidecar::start(
             &pre.sidecars.join("csi-provisioner"),

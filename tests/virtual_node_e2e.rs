@@ -97,18 +97,8 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
         ],
     )
     .await;
-    let sock = d.socket.to_string_lossy().into_owned();
-    let common_args = |extra: &[&str]| -> Vec<String> {
-        let mut a = vec![
-            format!("--csi-address={sock}"),
-            format!("--kubeconfig={}", env.host_kubeconfig),
-            "--leader-election=false".to_string(),
-            "--timeout=60s".to_string(),
-            "-v=3".to_string(),
-        ];
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
+    let common_args =
+        |extra: &[&str]| e2e_support::sidecar_args(&d.socket, &env.host_kubeconfig, extra);
     let _provisioner = Sidecar::start(
         &env.sidecars.join("csi-provisioner"),
         &common_args(&["--extra-create-metadata", "--feature-gates=Topology=true"]),

@@ -104,6 +104,16 @@ fn volume_named(
     }
 }
 
+/// A single-node-writer filesystem volume in member namespace "relay".
+fn in_relay(b: &MemberBackend) -> Volume {
+    volume(
+        b,
+        params(&[("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    )
+}
+
 fn standard(b: &MemberBackend) -> Volume {
     volume(
         b,
@@ -503,12 +513,7 @@ async fn immediate_classes_get_no_selected_node() {
 #[tokio::test(start_paused = true)]
 async fn create_retry_adopts_the_pvc_it_made_before() {
     let (b, mut api) = east();
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     let name = pvc_name(&vol);
     let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
         api.expect("POST", PVCS).await.already_exists();
@@ -523,12 +528,7 @@ async fn create_retry_adopts_the_pvc_it_made_before() {
 #[tokio::test(start_paused = true)]
 async fn create_refuses_a_pvc_of_another_volume() {
     let (b, mut api) = east();
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     let name = pvc_name(&vol);
     let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
         api.expect("POST", PVCS).await.already_exists();
@@ -561,12 +561,7 @@ fn kosmos_copy(vol: &Volume, uid: &str) -> Value {
 #[tokio::test(start_paused = true)]
 async fn create_replaces_kosmos_unbound_copy_of_the_host_claim() {
     let (b, mut api) = east();
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     let name = pvc_name(&vol);
     let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
         api.expect("POST", PVCS).await.already_exists();
@@ -598,12 +593,7 @@ async fn create_replaces_kosmos_unbound_copy_of_the_host_claim() {
 #[tokio::test(start_paused = true)]
 async fn a_kosmos_copy_that_bound_or_will_not_go_is_not_taken_over() {
     let (b, mut api) = east();
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     let name = pvc_name(&vol);
     // Bound: it may hold data; refused, never deleted.
     let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
@@ -660,12 +650,7 @@ async fn a_missing_member_storage_class_is_named() {
 #[tokio::test(start_paused = true)]
 async fn unreachable_members_are_unavailable_naming_the_cluster() {
     let (b, mut api) = east();
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     // Connection refused.
     let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
         api.expect("POST", PVCS).await.refuse();
@@ -695,12 +680,7 @@ async fn unreachable_members_are_unavailable_naming_the_cluster() {
 #[tokio::test(start_paused = true)]
 async fn forbidden_is_failed_precondition_naming_the_permission() {
     let (b, mut api) = east();
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
         api.expect("POST", PVCS).await.status(
             403,
@@ -729,12 +709,7 @@ async fn clones_and_restores_use_a_member_data_source() {
         None,
     );
     src.lifecycle = Lifecycle::Ready;
-    let vol = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let vol = in_relay(&b);
     let snap = Snapshot {
         id: "snap-0123".into(),
         name: "s".into(),
@@ -1749,12 +1724,7 @@ async fn an_unfinished_create_is_abandoned_once_its_host_claim_is_gone() {
     });
     assert!(result.is_err());
     // No claim name in the request: nothing to look at.
-    let blind = volume(
-        &b,
-        params(&[("memberNamespace", "relay")]),
-        vec![mount(AccessMode::SingleNodeWriter)],
-        None,
-    );
+    let blind = in_relay(&b);
     let (result, ()) = tokio::join!(b.abandoned(&blind), host.expect_idle());
     assert!(!result.unwrap());
 }

@@ -348,3 +348,17 @@ impl Drop for Sidecar {
         let _ = self.0.wait();
     }
 }
+
+/// A stock sidecar's flags against the relay at `socket`, on the host
+/// cluster of `kubeconfig`, with `extra` flags.
+pub fn sidecar_args(socket: &std::path::Path, kubeconfig: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        format!("--csi-address={}", socket.display()),
+        format!("--kubeconfig={kubeconfig}"),
+        "--leader-election=false".to_string(),
+        "--timeout=60s".to_string(),
+        "-v=3".to_string(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
