@@ -706,6 +706,37 @@ async fn ext4_volume_expands_online() {
     let dev = &mounts_at(&v.staging)[0].source;
     assert_eq!(device_size(Path::new(dev)), 128 * MIB as u64);
 
+    // Staged again (a pod recreated, the node restarted), the filesystem
+    // fills the device, grown offline before mounting if it did not yet;
+    // NodeExpandVolume then has nothing to do and succeeds, with or without
+    // CAP_SYS_RESOURCE.
+    unpublish(&d, &v.id, &target).await;
+    unstage(&d, &v).await;
+    stage(&d, &v).await;
+    publish(&d, &v, &target, false).await;
+    let restaged = fs_size(&target);
+    assert!(restaged > 100 * MIB as u64, "restaged at {restaged} bytes");
+    assert_eq!(
+        fs::read(target.join("before.txt")).unwrap(),
+        b"kept across the resize"
+    );
+    let req = csi::NodeExpandVolumeRequest {
+        volume_id: v.id.clone(),
+        volume_path: s(&target),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 128 * MIB,
+            limit_bytes: 0,
+        }),
+        staging_target_path: s(&v.staging),
+        volume_capability: Some(v.cap.clone()),
+        ..Default::default()
+    };
+    d.node()
+        .node_expand_volume(req)
+        .await
+        .expect("NodeExpandVolume on a filesystem that fills its device");
+    assert_eq!(fs_size(&target), restaged);
+
     unpublish(&d, &v.id, &target).await;
     destroy(&d, &v).await;
     assert_clean(&d);

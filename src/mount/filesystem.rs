@@ -62,3 +62,41 @@ pub async fn grow(device: &Path, mount_point: &Path, fs_type: &str) -> io::Resul
         .await
         .map(|_| ())
 }
+
+/// Whether an ext2/3/4 filesystem on `device` spans less than `device_bytes`
+/// (by more than one of its blocks, which resize2fs cannot use). `false`
+/// for any other filesystem.
+pub async fn ext_smaller_than(device: &Path, device_bytes: u64) -> io::Result<bool> {
+    let dev = device.to_string_lossy();
+    let args = ["-h", &dev];
+    let out = helper::run_ok("dumpe2fs", &args, TOOL_TIMEOUT).await?;
+    let header = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| -> Option<u64> {
+        header
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let (Some(blocks), Some(block_size)) = (field("Block count:"), field("Block size:")) else {
+        return Err(io::Error::other(format!(
+            "dumpe2fs -h {dev}: no block count or block size in its answer"
+        )));
+    };
+    Ok(blocks.saturating_add(1).saturating_mul(block_size) <= device_bytes)
+}
+
+/// Grows the unmounted ext2/3/4 filesystem on `device` to fill it. Offline
+/// growth needs no privilege beyond writing the device (online growth
+/// needs CAP_SYS_RESOURCE); resize2fs wants a freshly checked filesystem.
+pub async fn grow_ext_offline(device: &Path) -> io::Result<()> {
+    let dev = device.to_string_lossy();
+    let args = ["-f", "-p", &dev];
+    let out = helper::run("e2fsck", &args, TOOL_TIMEOUT).await?;
+    // 0: clean; 1: errors fixed. Anything else needs a person.
+    if !matches!(out.status.code(), Some(0) | Some(1)) {
+        return Err(helper::failed("e2fsck", &args, &out));
+    }
+    helper::run_ok("resize2fs", &[&dev], TOOL_TIMEOUT)
+        .await
+        .map(|_| ())
+}

@@ -93,15 +93,49 @@ impl Source for BlockFile {
             .await
             .map_err(|e| CsiError::io("refresh capacity of", &dev, e))?;
         if !stage.capability.is_block() {
-            let fs = stage.capability.fs_type().unwrap_or(&self.fs_type);
-            filesystem::grow(&dev, Path::new(&stage.path), fs)
+            // What the device really holds (a stage may have found one).
+            let found = filesystem::probe(&dev)
                 .await
-                .map_err(|e| CsiError::io("grow filesystem on", &dev, e))?;
+                .map_err(|e| CsiError::io("probe filesystem on", &dev, e))?;
+            let fs = found.as_deref().unwrap_or(self.default_fs());
+            // Already filling the device (grown at stage): nothing to do,
+            // and no online growth to fail for want of CAP_SYS_RESOURCE.
+            let bytes = loopdev::size_bytes(&dev).map_err(|e| CsiError::io("size of", &dev, e))?;
+            let filled = fs.starts_with("ext")
+                && !filesystem::ext_smaller_than(&dev, bytes)
+                    .await
+                    .map_err(|e| CsiError::io("read the filesystem size on", &dev, e))?;
+            if !filled {
+                filesystem::grow(&dev, Path::new(&stage.path), fs)
+                    .await
+                    .map_err(|e| CsiError::io("grow filesystem on", &dev, e))?;
+            }
         }
         let size = loopdev::size_bytes(&dev).map_err(|e| CsiError::io("size of", &dev, e))?;
         tracing::info!(volume_id = %id, bytes = size, "volume expanded on node");
         Ok(size as i64)
     }
+}
+
+/// A device grown while its ext filesystem was not mounted (expanded while
+/// unstaged, or a NodeExpandVolume whose online growth failed) holds a
+/// filesystem smaller than itself: it is grown before mounting, offline.
+/// Read-only stages leave the device as it is.
+async fn grow_if_outgrown(dev: &Path, fs_type: &str, readonly: bool) -> CsiResult<()> {
+    if readonly || !fs_type.starts_with("ext") {
+        return Ok(());
+    }
+    let bytes = loopdev::size_bytes(dev).map_err(|e| CsiError::io("size of", dev, e))?;
+    let smaller = filesystem::ext_smaller_than(dev, bytes)
+        .await
+        .map_err(|e| CsiError::io("read the filesystem size on", dev, e))?;
+    if smaller {
+        filesystem::grow_ext_offline(dev)
+            .await
+            .map_err(|e| CsiError::io("grow the filesystem (offline) on", dev, e))?;
+        tracing::info!(device = %dev.display(), bytes, "filesystem grown to its device before mounting");
+    }
+    Ok(())
 }
 
 /// Puts the attached device `dev` at `staging`: bound as a device node for
@@ -146,7 +180,10 @@ async fn stage_device(
                 "the volume already holds a {found} filesystem; it cannot be staged as {wanted}"
             )))
         }
-        Some(found) => found,
+        Some(found) => {
+            grow_if_outgrown(dev, &found, readonly).await?;
+            found
+        }
         None => {
             if !filesystem::mkfs_available(&wanted) {
                 return Err(CsiError::FailedPrecondition(format!(
