@@ -650,17 +650,7 @@ async fn ext4_volume_expands_online() {
         "nothing changes on the node before NodeExpandVolume"
     );
 
-    let req = csi::NodeExpandVolumeRequest {
-        volume_id: v.id.clone(),
-        volume_path: s(&target),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 128 * MIB,
-            limit_bytes: 0,
-        }),
-        staging_target_path: s(&v.staging),
-        volume_capability: Some(v.cap.clone()),
-        ..Default::default()
-    };
+    let req = expand_req(&v, &target, 128 * MIB);
     if !has_capability(CAP_SYS_RESOURCE) {
         // ext4's online resize ioctl needs CAP_SYS_RESOURCE: without it the
         // node must report the failure, not claim success.
@@ -720,17 +710,7 @@ async fn ext4_volume_expands_online() {
         fs::read(target.join("before.txt")).unwrap(),
         b"kept across the resize"
     );
-    let req = csi::NodeExpandVolumeRequest {
-        volume_id: v.id.clone(),
-        volume_path: s(&target),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 128 * MIB,
-            limit_bytes: 0,
-        }),
-        staging_target_path: s(&v.staging),
-        volume_capability: Some(v.cap.clone()),
-        ..Default::default()
-    };
+    let req = expand_req(&v, &target, 128 * MIB);
     d.node()
         .node_expand_volume(req)
         .await
@@ -788,17 +768,7 @@ async fn xfs_volume_lifecycle_and_online_expansion() {
         .expect("ControllerExpandVolume")
         .into_inner();
     assert!(r.node_expansion_required);
-    let req = csi::NodeExpandVolumeRequest {
-        volume_id: v.id.clone(),
-        volume_path: s(&target),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 480 * MIB,
-            limit_bytes: 0,
-        }),
-        staging_target_path: s(&v.staging),
-        volume_capability: Some(v.cap.clone()),
-        ..Default::default()
-    };
+    let req = expand_req(&v, &target, 480 * MIB);
     d.node()
         .node_expand_volume(req.clone())
         .await

@@ -139,6 +139,21 @@ pub fn publish_req(v: &Vol, target: &Path, readonly: bool) -> csi::NodePublishVo
     }
 }
 
+/// NodeExpandVolume of `v` published at `target`, to `bytes`.
+pub fn expand_req(v: &Vol, target: &Path, bytes: i64) -> csi::NodeExpandVolumeRequest {
+    csi::NodeExpandVolumeRequest {
+        volume_id: v.id.clone(),
+        volume_path: s(target),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: bytes,
+            limit_bytes: 0,
+        }),
+        staging_target_path: s(&v.staging),
+        volume_capability: Some(v.cap.clone()),
+        ..Default::default()
+    }
+}
+
 pub async fn try_publish(d: &Driver, r: csi::NodePublishVolumeRequest) -> Result<(), Status> {
     d.node().node_publish_volume(r).await.map(|_| ())
 }
