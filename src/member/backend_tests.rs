@@ -590,6 +590,36 @@ async fn create_replaces_kosmos_unbound_copy_of_the_host_claim() {
     result.unwrap();
 }
 
+// A copy that comes back after each replacement (Kosmos retrying its
+// mirror meanwhile) is given up on after a few rounds: ABORTED, the CO
+// retries the call later.
+#[tokio::test(start_paused = true)]
+async fn a_copy_that_keeps_coming_back_is_left_to_the_co_retry() {
+    let (b, mut api) = east();
+    let vol = in_relay(&b);
+    let name = pvc_name(&vol);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        for round in 0..3 {
+            let uid = format!("u-{round}");
+            api.expect("POST", PVCS).await.already_exists();
+            api.expect("GET", &format!("{PVCS}/{name}"))
+                .await
+                .ok(kosmos_copy(&vol, &uid));
+            api.expect("DELETE", &format!("{PVCS}/{name}"))
+                .await
+                .ok(kosmos_copy(&vol, &uid));
+            // Gone, and back at once under a new uid.
+            api.expect("GET", &format!("{PVCS}/{name}"))
+                .await
+                .ok(kosmos_copy(&vol, &format!("u-{round}-again")));
+        }
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err}");
+    assert!(err.to_string().contains("3 times"), "{err}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_kosmos_copy_that_bound_or_will_not_go_is_not_taken_over() {
     let (b, mut api) = east();

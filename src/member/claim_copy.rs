@@ -20,7 +20,6 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, DeleteParams, Preconditions};
 
 use crate::error::{CsiError, CsiResult};
 use crate::member::cluster::Cluster;
@@ -51,25 +50,8 @@ pub async fn remove(cluster: &Cluster, claim: &PersistentVolumeClaim) -> CsiResu
     let namespace = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
     let uid = claim.metadata.uid.clone();
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client(), &namespace);
-    let params = DeleteParams {
-        preconditions: uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match cluster
-        .remove(
-            &format!("delete Kosmos's copy of PersistentVolumeClaim {namespace}/{name}"),
-            api.delete(&name, &params),
-        )
-        .await
-    {
-        // 409: another claim took the name meanwhile; the caller looks again.
-        Err(CsiError::Aborted(_)) | Ok(()) => {}
-        Err(e) => return Err(e),
-    }
+    // 409 inside: another claim took the name meanwhile; the caller looks again.
+    pvc::delete_exactly(cluster, claim).await?;
     tracing::info!(member = %cluster.name(), pvc = %format!("{namespace}/{name}"),
         "replacing Kosmos's unbound copy of the host claim with the relay's member PVC");
     let deadline = tokio::time::Instant::now() + WAIT_BUDGET;

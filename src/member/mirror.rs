@@ -32,6 +32,21 @@ pub struct RelayMirror {
 /// reading `kubectl get` does not).
 const MAX_FAILURE_TEXT: usize = 1024;
 
+/// `<call>: <CSI code>: <message>`, cut at [`MAX_FAILURE_TEXT`] bytes (on a
+/// character boundary).
+fn failure_text(call: &str, error: &CsiError) -> String {
+    let mut text = format!("{call}: {:?}: {error}", error.code());
+    if text.len() > MAX_FAILURE_TEXT {
+        let mut end = MAX_FAILURE_TEXT;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 impl RelayMirror {
     pub fn new(writer: RelayVolumeObserver) -> Self {
         RelayMirror {
@@ -90,15 +105,7 @@ impl RecordMirror for RelayMirror {
         if vol.ephemeral {
             return;
         }
-        let mut text = format!("{call}: {:?}: {error}", error.code());
-        if text.len() > MAX_FAILURE_TEXT {
-            let mut end = MAX_FAILURE_TEXT;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-            text.push('…');
-        }
+        let text = failure_text(call, error);
         match self.writer.apply_failure(&vol.id, Some(&text)).await {
             Ok(()) => {
                 lock(&self.failing).insert(vol.id.clone());
@@ -125,5 +132,26 @@ impl RecordMirror for RelayMirror {
             Some(vol) => self.put(vol).await,
             None => self.remove_id(id).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_text_names_call_and_code_and_stays_short() {
+        let short = failure_text("CreateVolume", &CsiError::Aborted("busy".into()));
+        assert_eq!(short, "CreateVolume: Aborted: busy");
+        // A member's long answer, multi-byte characters at the cut.
+        let long = CsiError::FailedPrecondition("é".repeat(2000));
+        let text = failure_text("CreateVolume", &long);
+        assert!(
+            text.len() <= MAX_FAILURE_TEXT + '…'.len_utf8(),
+            "{}",
+            text.len()
+        );
+        assert!(text.starts_with("CreateVolume: FailedPrecondition: éé"));
+        assert!(text.ends_with('…'));
     }
 }

@@ -247,6 +247,15 @@ pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
         tracing::warn!(member = %cluster.name(), pvc = %at.pvc_path(), volume_id, "member PVC of that name is not the relay's; left alone");
         return Ok(());
     }
+    delete_exactly(cluster, &claim).await
+}
+
+/// Deletes `claim` as read, only that object: the delete is conditional on
+/// its uid. Gone already, or replaced by another claim of the name (409),
+/// is success: that claim is not deleted.
+pub async fn delete_exactly(cluster: &Cluster, claim: &PersistentVolumeClaim) -> CsiResult<()> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
     let params = DeleteParams {
         preconditions: claim.metadata.uid.clone().map(|uid| Preconditions {
             uid: Some(uid),
@@ -261,7 +270,6 @@ pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
         )
         .await
     {
-        // 409: the uid changed, so ours is gone and another holds the name.
         Err(CsiError::Aborted(_)) | Ok(()) => Ok(()),
         Err(e) => Err(e),
     }
