@@ -418,11 +418,13 @@ async fn kosmos_owner_annotation_names_the_member_when_no_label_does() {
         member_annotation: Some(KOSMOS_MEMBER_ANNOTATION.into()),
         ..config()
     };
-    for (labels, want) in [
-        (json!({}), "west"),
-        (json!({CLUSTER_LABEL: "east"}), "east"),
+    // A label wins, even over an annotation that could not be a label.
+    for (owner, labels, want) in [
+        ("west", json!({}), "west"),
+        ("west", json!({CLUSTER_LABEL: "east"}), "east"),
+        ("west/../x", json!({CLUSTER_LABEL: "east"}), "east"),
     ] {
-        let vn = kosmos_node("west", labels);
+        let vn = kosmos_node(owner, labels);
         let result = run_reconcile(vn, two_members.clone(), async |api| {
             let labels = api.expect("PATCH", NODE_PATH).await;
             assert_eq!(
