@@ -45,6 +45,19 @@ pub enum BackendKind {
     Member,
 }
 
+/// What the local backend gives mount access when neither the StorageClass
+/// (`backing`) nor the request (raw block, an explicit fs_type) decides.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum MountBacking {
+    /// A sparse file on a loop device with its own ext4 filesystem: the
+    /// volume has the size it was given (df, NodeGetVolumeStats, writes).
+    #[default]
+    Block,
+    /// A plain directory: nothing enforces its size (the figures reported
+    /// are its own usage against its capacity); needs no loop devices.
+    Directory,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Mode {
     /// Controller and node services in one process (standalone).
@@ -97,9 +110,16 @@ pub struct ServeArgs {
     pub max_volumes_per_node: u64,
 
     /// Total bytes the local backend may allocate to volumes and snapshots
-    /// (GetCapacity). Default: the size of the filesystem holding --state-dir.
+    /// (GetCapacity). Default: what is free on the filesystem holding
+    /// --state-dir at start-up, plus what the volumes and snapshots already
+    /// recorded hold.
     #[arg(long)]
     pub capacity: Option<u64>,
+
+    /// Local backend: what a volume with plain mount access is, when its
+    /// StorageClass sets no `backing` and the request names no fs_type.
+    #[arg(long, value_enum, default_value_t = MountBacking::Block)]
+    pub default_mount_backing: MountBacking,
 
     /// Largest volume CreateVolume / ControllerExpandVolume accept (OUT_OF_RANGE
     /// beyond). Default: the capacity.

@@ -130,7 +130,19 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                 &args.node_id,
                 &args.peer_nodes,
                 args.capacity,
-            )?;
+            )?
+            .with_mount_default(args.default_mount_backing);
+            let local = match args.capacity {
+                Some(_) => local,
+                // What is free now plus what is already ours: fixed for
+                // this run, so an admission never depends on how much of
+                // the volumes' sparse data has been written yet.
+                None => {
+                    let held = store.allocated_bytes()?;
+                    let free = local.free_bytes()?;
+                    local.with_capacity(free.saturating_add(held))
+                }
+            };
             (Arc::new(local), None)
         }
         BackendKind::Member => {

@@ -299,6 +299,29 @@ async fn create_volume_checks_every_field() {
     assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
 }
 
+// Without --capacity the local backend offers what its filesystem has
+// free, not the filesystem's size (which counts what others hold).
+#[tokio::test]
+async fn default_capacity_is_what_the_filesystem_has_free() {
+    let d = Driver::start(&[]).await;
+    let st = nix::sys::statvfs::statvfs(&d.state_dir).unwrap();
+    let free = st.blocks_available() as i64 * st.fragment_size() as i64;
+    let size = st.blocks() as i64 * st.fragment_size() as i64;
+    let available = d
+        .controller()
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .available_capacity;
+    // Tests beside this one write and delete: a margin of 1 GiB.
+    let margin = 1 << 30;
+    assert!(
+        available <= free + margin && available >= free - margin,
+        "available {available}, free {free}, filesystem size {size}"
+    );
+}
+
 #[tokio::test]
 async fn block_backed_volumes_are_sparse_files() {
     let d = Driver::start(&[]).await;
@@ -342,7 +365,9 @@ async fn block_backed_volumes_are_sparse_files() {
 
 #[tokio::test]
 async fn delete_volume_is_idempotent_and_frees_storage() {
-    let d = Driver::start(&[]).await;
+    // A set capacity: the default follows the filesystem's free space,
+    // which the tests running beside this one change.
+    let d = Driver::start(&["--capacity", &(4u64 << 30).to_string()]).await;
     let mut c = d.controller();
     let v = make(&d, "gone").await;
     let path = d.state_dir.join("volumes").join(&v.volume_id);

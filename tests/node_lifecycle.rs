@@ -112,14 +112,17 @@ async fn directory_volume_full_lifecycle() {
     let st = stats(&d, &v.id, &s(&t1))
         .await
         .expect("NodeGetVolumeStats on a target");
+    // The directory's own figure, not the state-dir filesystem's: its
+    // capacity, and what its files take (two small files, the dir itself).
     let bytes = usage(&st, Unit::Bytes);
+    assert_eq!(bytes.total, 16 * MIB, "{bytes:?}");
+    assert!(bytes.used >= 8 << 10 && bytes.used < 256 << 10, "{bytes:?}");
+    assert_eq!(bytes.available, bytes.total - bytes.used, "{bytes:?}");
+    fs::write(t1.join("mebibyte"), vec![1u8; MIB as usize]).unwrap();
+    let grown = usage(&stats(&d, &v.id, &s(&t2)).await.unwrap(), Unit::Bytes);
     assert!(
-        bytes.total > 0 && bytes.used > 0 && bytes.available > 0,
-        "{bytes:?}"
-    );
-    assert!(
-        bytes.used <= bytes.total && bytes.available <= bytes.total,
-        "{bytes:?}"
+        grown.used >= bytes.used + MIB && grown.used < bytes.used + 2 * MIB,
+        "a MiB written shows as a MiB used: {bytes:?} then {grown:?}"
     );
     let inodes = usage(&st, Unit::Inodes);
     assert!(
@@ -151,6 +154,38 @@ async fn directory_volume_full_lifecycle() {
     controller_unpublish(&d, &v).await;
     delete_volume(&d, &v.id).await;
     assert!(!backing.exists(), "DeleteVolume removes the backing dir");
+    assert_clean(&d);
+}
+
+// Plain mount access by default: a block file with a filesystem of the
+// volume's size, so a pod cannot write past its claim and df, the kubelet's
+// stats and the claim agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_mount_access_gets_a_filesystem_of_the_volumes_size_by_default() {
+    require_mounts!();
+    let d = Driver::start(&["--default-mount-backing=block"]).await;
+    let _scrub = Scrub::new(&d);
+    let v = ready_volume(&d, "sized", 32 * MIB, mount_cap(Mode::SingleNodeWriter)).await;
+    let img = d.state_dir.join("volumes").join(format!("{}.img", v.id));
+    assert!(img.is_file(), "a block file backs the volume");
+    assert_eq!(fs::metadata(&img).unwrap().len(), 32 * MIB as u64);
+    let target = d.path("pods/p1/volumes/vol");
+    publish(&d, &v, &target, false).await;
+    let total = fs_size(&target);
+    assert!(
+        total > 24 * MIB as u64 && total <= 32 * MIB as u64,
+        "the filesystem has the volume's size, less its own metadata: {total}"
+    );
+    let st = stats(&d, &v.id, &s(&target)).await.unwrap();
+    let bytes = usage(&st, Unit::Bytes);
+    assert_eq!(bytes.total as u64, total, "{bytes:?}");
+    // 48 MiB do not fit in a 32 MiB volume.
+    let err = fs::write(target.join("too-much"), vec![3u8; 48 * MIB as usize])
+        .expect_err("a write larger than the volume must fail");
+    assert_eq!(err.raw_os_error(), Some(28), "ENOSPC, got {err}");
+    unpublish(&d, &v.id, &target).await;
+    destroy(&d, &v).await;
+    assert!(!img.exists());
     assert_clean(&d);
 }
 

@@ -165,6 +165,7 @@ pub trait Backend: Send + Sync + 'static {
         params: &VolumeParams,
         caps: &[Capability],
         req: Option<&csi::TopologyRequirement>,
+        source: Option<&Backing>,
     ) -> CsiResult<Placement>;
 
     /// Whether volumes with these parameters are reachable from `segments`
@@ -177,6 +178,12 @@ pub trait Backend: Send + Sync + 'static {
 
     /// GetCapacity from the backend's own knowledge; `None` means "total
     /// capacity minus what this driver allocated".
+    /// Bytes free right now where new volumes' data goes, when the backend
+    /// knows (GetCapacity never offers more than this).
+    async fn free_bytes(&self) -> CsiResult<Option<u64>> {
+        Ok(None)
+    }
+
     async fn capacity_for(
         &self,
         _params: &VolumeParams,

@@ -40,7 +40,12 @@ pub async fn get_capacity(
     }
     let total = d.backend.total_capacity().await?;
     let used = d.db(|s| s.allocated_bytes()).await?;
-    let available = total.saturating_sub(used) as i64;
+    let mut available = total.saturating_sub(used);
+    // Others may fill the filesystem too: never offer what is not there.
+    if let Some(free) = d.backend.free_bytes().await? {
+        available = available.min(free);
+    }
+    let available = available.min(i64::MAX as u64) as i64;
     Ok(csi::GetCapacityResponse {
         available_capacity: available,
         maximum_volume_size: Some(max.min(available)),

@@ -146,11 +146,23 @@ pub async fn create_volume(
     d.backend.check_parameters(&typed)?;
     let mutable = check_mutable(d, &req.mutable_parameters)?;
     let source = decode_source(req.volume_content_source.as_ref())?;
+    // Looked up before placing (the copy's kind follows its source's); an
+    // error counts only for a new volume: a repeated create succeeds even
+    // once its source is gone.
+    let source_facts = match &source {
+        Some(src) => Some(source_facts(d, src).await),
+        None => None,
+    };
+    let source_backing = source_facts
+        .as_ref()
+        .and_then(|f| f.as_ref().ok())
+        .map(|(_, backing)| backing);
     let placement = d.backend.place(
         &name,
         &typed,
         &caps,
         req.accessibility_requirements.as_ref(),
+        source_backing,
     )?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
 
@@ -185,8 +197,8 @@ pub async fn create_volume(
                 Backing::Directory | Backing::Member { .. } => 0,
             };
             let mut size = range.choose(floor, d.config.max_volume_size)?;
-            if let Some(src) = &source {
-                let src_size = source_size(d, src).await?;
+            if let Some(facts) = source_facts {
+                let (src_size, _) = facts?;
                 if src_size > size {
                     if range.limit > 0 && src_size > range.limit {
                         return Err(CsiError::OutOfRange(format!(
@@ -313,15 +325,19 @@ async fn ready_snapshot(d: &Driver, id: &str) -> CsiResult<crate::volume::Snapsh
     }
 }
 
-async fn source_size(d: &Driver, source: &ContentSource) -> CsiResult<u64> {
+/// The size and kind of the data a new volume starts from.
+async fn source_facts(d: &Driver, source: &ContentSource) -> CsiResult<(u64, Backing)> {
     match source {
-        ContentSource::Snapshot(id) => Ok(ready_snapshot(d, id).await?.size_bytes),
+        ContentSource::Snapshot(id) => {
+            let s = ready_snapshot(d, id).await?;
+            Ok((s.size_bytes, s.backing))
+        }
         ContentSource::Volume(id) => {
             let v = d.volume(id).await?;
             if v.lifecycle != Lifecycle::Ready {
                 return Err(CsiError::VolumeNotFound(id.clone()));
             }
-            Ok(v.capacity_bytes)
+            Ok((v.capacity_bytes, v.backing))
         }
     }
 }
@@ -440,7 +456,10 @@ mod tests {
     }
 
     fn local_driver(dir: &std::path::Path) -> Driver {
-        let backend = LocalBackend::new(dir, "n1", &[], Some(1 << 30)).unwrap();
+        // Directories: the tests read the volumes' data names.
+        let backend = LocalBackend::new(dir, "n1", &[], Some(1 << 30))
+            .unwrap()
+            .with_mount_default(crate::config::MountBacking::Directory);
         let config = DriverConfig {
             mode: Mode::All,
             ..DriverConfig::for_tests(dir, "n1", 1 << 30)

@@ -292,6 +292,7 @@ impl Backend for MemberBackend {
         params: &VolumeParams,
         _caps: &[Capability],
         req: Option<&csi::TopologyRequirement>,
+        _source: Option<&Backing>,
     ) -> CsiResult<Placement> {
         self.check_parameters(params)?;
         let (member, selected_node) = self.choose(params, req)?;

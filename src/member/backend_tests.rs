@@ -85,7 +85,7 @@ fn volume_named(
 ) -> Volume {
     let map: HashMap<String, String> = parameters.clone().into_iter().collect();
     let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
-    let placed = b.place(name, &typed, &caps, req).unwrap();
+    let placed = b.place(name, &typed, &caps, req, None).unwrap();
     Volume {
         id: placed.id,
         name: name.into(),
@@ -245,7 +245,7 @@ async fn the_member_claim_follows_the_host_claim_unless_told_otherwise() {
         params::decode::<VolumeParams>(&map, "parameters")
             .and_then(|typed| {
                 b.check_parameters(&typed)?;
-                b.place("pvc-1", &typed, &[], None)
+                b.place("pvc-1", &typed, &[], None, None)
             })
             .err()
             .map(|e| (e.code(), e.to_string()))
@@ -346,15 +346,17 @@ async fn placement_follows_parameters_then_topology() {
         ..Default::default()
     };
     // The parameter contradicts the requisite topology.
-    let err = b.place("v", &typed("east"), &[], Some(&req)).unwrap_err();
+    let err = b
+        .place("v", &typed("east"), &[], Some(&req), None)
+        .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
     // Unknown member by parameter.
-    let err = b.place("v", &typed("north"), &[], None).unwrap_err();
+    let err = b.place("v", &typed("north"), &[], None, None).unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.to_string().contains("north"), "{err}");
     // Two members and nothing to choose by.
     let err = b
-        .place("v", &VolumeParams::default(), &[], None)
+        .place("v", &VolumeParams::default(), &[], None, None)
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.to_string().contains(TOPOLOGY_MEMBER_KEY), "{err}");
@@ -364,7 +366,7 @@ async fn placement_follows_parameters_then_topology() {
         preferred: vec![],
     };
     let err = b
-        .place("v", &VolumeParams::default(), &[], Some(&other))
+        .place("v", &VolumeParams::default(), &[], Some(&other), None)
         .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted);
 }

@@ -5,6 +5,7 @@
 //! have the volume's source (`sources`) do the work, persist the outcome.
 
 pub mod bounded;
+pub mod dir_usage;
 pub mod ephemeral;
 pub mod expand;
 pub mod member_plugin;

@@ -6,9 +6,9 @@ use crate::csi::{self, volume_usage::Unit};
 use crate::driver::Driver;
 use crate::error::{CsiError, CsiResult};
 use crate::mount::mountinfo;
-use crate::node::sources;
+use crate::node::{dir_usage, sources};
 use crate::validate;
-use crate::volume::Volume;
+use crate::volume::{Backing, Volume};
 
 /// The record of `path` on this node: (is it a staging path, capability).
 fn locate<'a>(
@@ -24,6 +24,30 @@ fn locate<'a>(
         .as_ref()
         .filter(|s| s.path == path)
         .map(|s| (true, &s.capability))
+}
+
+/// A directory volume's own figure: what its tree holds against the
+/// capacity it was given (the filesystem's free space caps what is left).
+/// None when the tree is too large to count in time.
+fn directory_bytes(
+    vol: &Volume,
+    root: &Path,
+    fs_available: i64,
+) -> CsiResult<Option<csi::VolumeUsage>> {
+    let counted = dir_usage::measure(root, dir_usage::WALK_BUDGET, dir_usage::WALK_MAX_ENTRIES)
+        .map_err(|e| CsiError::io("measure", root, e))?;
+    let Some(counted) = counted else {
+        tracing::warn!(volume_id = %vol.id, path = %root.display(), "directory volume too large to measure within bounds; its usage is not reported");
+        return Ok(None);
+    };
+    let capacity = vol.capacity_bytes.min(i64::MAX as u64) as i64;
+    let used = counted.bytes.min(i64::MAX as u64) as i64;
+    Ok(Some(csi::VolumeUsage {
+        available: capacity.saturating_sub(used).max(0).min(fs_available),
+        total: capacity,
+        used,
+        unit: Unit::Bytes as i32,
+    }))
 }
 
 pub async fn stats(
@@ -105,20 +129,26 @@ pub async fn stats(
         let st = nix::sys::statvfs::statvfs(&probe)
             .map_err(|e| CsiError::io("statvfs", &probe, e.into()))?;
         let frag = st.fragment_size() as i64;
-        vec![
-            csi::VolumeUsage {
-                available: st.blocks_available() as i64 * frag,
-                total: st.blocks() as i64 * frag,
-                used: (st.blocks() as i64 - st.blocks_free() as i64) * frag,
-                unit: Unit::Bytes as i32,
-            },
-            csi::VolumeUsage {
+        let fs_bytes = csi::VolumeUsage {
+            available: st.blocks_available() as i64 * frag,
+            total: st.blocks() as i64 * frag,
+            used: (st.blocks() as i64 - st.blocks_free() as i64) * frag,
+            unit: Unit::Bytes as i32,
+        };
+        let bytes = if vol.backing == Backing::Directory {
+            directory_bytes(&vol, &probe, fs_bytes.available)?
+        } else {
+            Some(fs_bytes)
+        };
+        bytes
+            .into_iter()
+            .chain(std::iter::once(csi::VolumeUsage {
                 available: st.files_available() as i64,
                 total: st.files() as i64,
                 used: st.files() as i64 - st.files_free() as i64,
                 unit: Unit::Inodes as i32,
-            },
-        ]
+            }))
+            .collect()
     };
     Ok(csi::NodeGetVolumeStatsResponse {
         usage,

@@ -186,12 +186,24 @@ fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
     // release one, for figures).
     let binary = std::env::var_os("RELAY_TEST_BINARY")
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_csi-relay").into());
+    // These tests look at volumes' data in the state dir, which plain
+    // mount access keeps as a directory only when asked to; tests of the
+    // default (a block file with its own filesystem) say so.
+    let backing: &[&str] = if extra
+        .iter()
+        .any(|a| a.starts_with("--default-mount-backing"))
+    {
+        &[]
+    } else {
+        &["--default-mount-backing", "directory"]
+    };
     Command::new(binary)
         .arg("serve")
         .arg("--endpoint")
         .arg(format!("unix://{}", socket.display()))
         .arg("--state-dir")
         .arg(state_dir)
+        .args(backing)
         .args(extra)
         .env(
             "RUST_LOG",
