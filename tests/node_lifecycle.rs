@@ -787,6 +787,38 @@ async fn xfs_volume_lifecycle_and_online_expansion() {
     publish(&d, &v, &target, false).await;
     assert_eq!(fs::read(target.join("x.txt")).unwrap(), b"on xfs");
 
+    // A clone carries its source's XFS UUID; both are staged at once.
+    let mut clone_req = common::req::create("xfs-clone", 320 * MIB, v.cap.clone());
+    clone_req.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: v.id.clone(),
+            },
+        )),
+    });
+    let made = d
+        .controller()
+        .create_volume(clone_req)
+        .await
+        .expect("clone of the xfs volume")
+        .into_inner()
+        .volume
+        .expect("a volume");
+    let mut clone = Vol {
+        id: made.volume_id,
+        cap: v.cap.clone(),
+        staging: d.path("staging-xfs-clone"),
+        context: made.volume_context,
+        publish_context: Default::default(),
+    };
+    controller_publish(&d, &mut clone, false).await;
+    stage(&d, &clone).await;
+    let clone_target = d.path("pods/p2/vol");
+    publish(&d, &clone, &clone_target, false).await;
+    assert_eq!(fs::read(clone_target.join("x.txt")).unwrap(), b"on xfs");
+    unpublish(&d, &clone.id, &clone_target).await;
+    destroy(&d, &clone).await;
+
     let before = fs_size(&target);
     let r = d
         .controller()

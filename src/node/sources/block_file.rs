@@ -196,11 +196,14 @@ async fn stage_device(
             wanted
         }
     };
-    syscalls::mount_fs(
-        dev,
-        staging,
-        &fs_type,
-        &MountOptions::parse(cap.mount_flags(), readonly),
-    )?;
+    let mut opts = MountOptions::parse(cap.mount_flags(), readonly);
+    // A clone or a restored snapshot carries its source's XFS UUID, and XFS
+    // refuses to mount a second filesystem with a UUID already mounted
+    // (EINVAL, "duplicate UUID"): the copies of one volume are staged beside
+    // each other all the time.
+    if fs_type == "xfs" && !opts.data.iter().any(|o| o == "nouuid") {
+        opts.data.push("nouuid".to_string());
+    }
+    syscalls::mount_fs(dev, staging, &fs_type, &opts)?;
     Ok(())
 }
