@@ -1,0 +1,119 @@
+#!/bin/bash
+# check.sh RUN_DIR: what a user of the kit installed by up.sh RUN_DIR sees.
+#   1. livenessprobe answers /healthz (node :9809, controller :9808), on 127.0.0.1 only;
+#   2. a PVC of deploy/'s class relay-member1 + a busybox pod: Running, writing; the data lands
+#      in the member PV's directory; RelayVolume PUBLISHED;
+#   3. the node plugin's csi-relay container killed (SIGKILL through containerd; the kubelet
+#      restarts it): the running pod still reads and writes its volume, and a new PVC + pod works;
+#   4. the user objects deleted: pods gone, host PVs, VolumeAttachments, RelayVolumes and member
+#      PVCs gone, nothing of theirs mounted.
+# Prints PASS/FAIL per step with timings; exit 1 on the first failure.
+set -Eeuo pipefail
+RUN=${1:?usage: check.sh RUN_DIR}
+RUN=$(cd "$RUN" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$LAB/node.env"
+exec > >(tee -a "$RUN/logs/check.log") 2>&1
+T_START=$(date +%s.%N)
+ts "check.sh $RUN"
+ku() { kh -n "$USER_NS" "$@"; }
+lap() { T_LAP=$(date +%s.%N); }
+since() { awk -v a="$T_LAP" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1fs", b-a}'; }
+pass() { ts "PASS: $*"; }
+trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; kh get pods -A -o wide; kh get pvc,pv,volumeattachment -A 2>/dev/null; kh get relayvolumes 2>/dev/null' ERR
+
+# ---------- 1. livenessprobe ----------
+for p in 9809 9808; do
+  [[ "$(curl -sf --max-time 5 "http://127.0.0.1:$p/healthz")" == ok ]] || die "http://127.0.0.1:$p/healthz"
+  addrs=$(ss -Hltn "sport = :$p" | awk '{print $4}' | sort -u | tr '\n' ' ')
+  [[ $addrs == "127.0.0.1:$p " ]] || die "port $p listens on: $addrs"
+done
+pass "livenessprobe /healthz ok on 127.0.0.1:9809 (node) and 127.0.0.1:9808 (controller), bound to 127.0.0.1 only"
+
+# ---------- 2. a user's PVC + pod ----------
+kh create ns "$USER_NS" > /dev/null 2>&1 || true
+waitfor 30 "default ServiceAccount in $USER_NS" kh -n "$USER_NS" get sa default
+user_objs() { # user_objs N: PVC data-N + pod writer-N
+  cat <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: { name: data-$1, namespace: $USER_NS }
+spec:
+  storageClassName: $CLASS
+  accessModes: [ReadWriteOnce]
+  resources: { requests: { storage: 64Mi } }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: writer-$1, namespace: $USER_NS }
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: writer
+      image: $BUSYBOX_IMAGE
+      imagePullPolicy: Never
+      command: ["sh", "-c", "echo written-by-writer-$1 > /data/hello && sync && exec sleep 100000"]
+      volumeMounts: [{ name: data, mountPath: /data }]
+  volumes:
+    - name: data
+      persistentVolumeClaim: { claimName: data-$1 }
+EOF
+}
+member_dir() { # the member PV directory behind host PVC data-N
+  local pv mpvc mpv
+  pv=$(ku get pvc "data-$1" -o jsonpath='{.spec.volumeName}')
+  mpvc=$(kh get relayvolume -o jsonpath="{.items[?(@.spec.volumeName==\"$pv\")].spec.memberPvc}")
+  mpv=$(km -n "${mpvc%%/*}" get pvc "${mpvc##*/}" -o jsonpath='{.spec.volumeName}')
+  km get pv "$mpv" -o jsonpath='{.spec.hostPath.path}'
+}
+run_user() { # run_user N: create, wait Running, check the data
+  lap
+  user_objs "$1" | kh apply -f - > /dev/null
+  ku wait --for=condition=Ready "pod/writer-$1" --timeout=120s > /dev/null
+  local t_run; t_run=$(since)
+  [[ "$(ku exec "writer-$1" -- cat /data/hello)" == "written-by-writer-$1" ]]
+  local d; d=$(member_dir "$1")
+  [[ "$(cat "$d/hello")" == "written-by-writer-$1" ]] || die "data-$1: not in the member PV directory $d"
+  local pv; pv=$(ku get pvc "data-$1" -o jsonpath='{.spec.volumeName}')
+  waitfor 30 "RelayVolume of $pv PUBLISHED" sh -c \
+    "[ \"\$(kubectl --kubeconfig '$HKC' get relayvolumes -o jsonpath='{.items[?(@.spec.volumeName==\"$pv\")].status.phase}')\" = PUBLISHED ]"
+  pass "PVC data-$1 + pod writer-$1 Running in $t_run (apply -> Ready); the pod's file is in member PV dir $d; RelayVolume PUBLISHED ($(kh get relayvolumes -o jsonpath="{.items[?(@.spec.volumeName==\"$pv\")].status.nodeSummary}"))"
+}
+run_user 1
+kh get relayvolumes
+
+# ---------- 3. node plugin container restart ----------
+NP=$(kh -n csi-relay get pods -l app=csi-relay-node -o jsonpath='{.items[0].metadata.name}')
+cs() { kh -n csi-relay get pod "$NP" -o jsonpath="{.status.containerStatuses[?(@.name==\"csi-relay\")].$1}"; }
+restarts0=$(cs restartCount); cid=$(cs containerID); cid=${cid#containerd://}
+lap
+ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$cid"
+waitfor 120 "csi-relay container of $NP restarted" sh -c \
+  "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod $NP -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $restarts0 ]"
+kh -n csi-relay wait --for=condition=Ready "pod/$NP" --timeout=120s > /dev/null
+waitfor 30 "node healthz after restart" sh -c '[ "$(curl -sf --max-time 5 http://127.0.0.1:9809/healthz)" = ok ]'
+pass "node plugin container killed (SIGKILL, task $cid): restarted by the kubelet (restartCount $restarts0 -> $(cs restartCount)), pod Ready again in $(since)"
+ku exec writer-1 -- sh -c 'echo after-restart > /data/after && sync && cat /data/hello /data/after' > "$RUN/logs/after-restart.txt"
+[[ "$(cat "$RUN/logs/after-restart.txt")" == $'written-by-writer-1\nafter-restart' ]] || die "writer-1 after restart: $(cat "$RUN/logs/after-restart.txt")"
+[[ "$(cat "$(member_dir 1)/after")" == after-restart ]] || die "writer-1's write after the restart is not in its member PV dir"
+pass "writer-1 still reads and writes its volume after the node plugin restart (file in the member PV dir too)"
+run_user 2
+
+# ---------- 4. delete the user's objects ----------
+lap
+mdirs="$(member_dir 1) $(member_dir 2)"
+pvs=$(ku get pvc -o jsonpath='{.items[*].spec.volumeName}')
+ku delete pods --all --wait=true --timeout=90s > /dev/null
+t_pods=$(since)
+ku delete pvc --all --wait=true --timeout=90s > /dev/null
+for pv in $pvs; do waitfor 90 "PV $pv deleted" sh -c "! kubectl --kubeconfig '$HKC' get pv $pv"; done
+waitfor 60 "VolumeAttachments gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get volumeattachment -o name)\" ]"
+waitfor 60 "RelayVolumes gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get relayvolumes -o name)\" ]"
+waitfor 60 "member PVCs gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$MKC' get pvc -A -o name)\" ]"
+left=$(for d in $mdirs; do grep -F " $d " /proc/self/mountinfo || true; done
+       mounts_under "$KUBELET_DIR/pods" | grep -F kubernetes.io~csi || true
+       mounts_under "$KUBELET_DIR/plugins/kubernetes.io/csi" || true)
+[[ -z $left ]] || die "still mounted: $left"
+pass "user objects deleted: pods gone in $t_pods, host PVs ($pvs), VolumeAttachments, RelayVolumes and member PVCs gone, nothing mounted ($(since) in all); member PVs: $(km get pv -o jsonpath='{range .items[*]}{.metadata.name}={.status.phase} {end}')"
+kh -n csi-relay get pods
+ts "check.sh: ALL PASS"

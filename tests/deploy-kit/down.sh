@@ -1,0 +1,87 @@
+#!/bin/bash
+# down.sh RUN_DIR: undoes up.sh. Workloads first, while the kit still runs, so that CSI teardown
+# (NodeUnpublish/NodeUnstage, ControllerUnpublish, DeleteVolume) happens; then the kit, the
+# kubelet node and scheduler (kubelet-node-down.sh), both control planes (cluster-down.sh --wipe),
+# the shared LAB_DIR mount; then checks nothing is left: no mounts or loop devices under RUN_DIR,
+# no process of this run. Logs stay in RUN_DIR/logs. Exit 1 if something is left.
+set -uo pipefail
+RUN=${1:?usage: down.sh RUN_DIR}
+[[ -d $RUN ]] || { echo "no such dir $RUN" >&2; exit 1; }
+RUN=$(cd "$RUN" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+mkdir -p "$RUN/logs"
+exec > >(tee -a "$RUN/logs/down.log") 2>&1
+ts "down.sh $RUN"
+rc=0
+api_up() { kh get --raw /readyz > /dev/null 2>&1; }
+
+# ---------- 1. user workloads, through CSI, while the kit runs ----------
+if api_up; then
+  if kh get ns "$USER_NS" > /dev/null 2>&1; then
+    kh -n "$USER_NS" delete pods --all --grace-period=1 --wait=true --timeout=90s > /dev/null 2>&1
+    kh -n "$USER_NS" delete pvc --all --wait=true --timeout=90s > /dev/null 2>&1
+    waitfor 90 "relay PVs gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get pv -o jsonpath='{.items[?(@.spec.csi.driver==\"relay.csi.dev\")].metadata.name}')\" ]" || rc=1
+    waitfor 60 "VolumeAttachments gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get volumeattachment -o name)\" ]" || rc=1
+    kh delete ns "$USER_NS" --wait=false > /dev/null 2>&1
+    ts "user workloads deleted"
+  fi
+  # ---------- 2. the kit ----------
+  if [[ -s $RUN/kustomize/kustomization.yaml ]]; then
+    for p in $(kh -n csi-relay get pods -o name 2>/dev/null); do
+      kh -n csi-relay logs --all-containers --prefix "$p" > "$RUN/logs/$(basename "$p").log" 2>&1
+    done
+    kh delete -k "$RUN/kustomize" --wait=true --timeout=90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
+    waitfor 60 "csi-relay pods gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pods -o name 2>/dev/null)\" ]" || rc=1
+    ts "kit deleted (kubectl delete -k)"
+  fi
+fi
+
+# ---------- 3. kubelet node + scheduler ----------
+if [[ -d $LAB/state || -d $LAB/pids ]]; then
+  # kubelet-node-down.sh removes /var/log/{pods,containers} entries that appeared since node-up,
+  # assuming no other kubelet on the machine. Another one runs here: keep every entry that is not
+  # a pod of this host cluster.
+  if [[ -f $LAB/state/var-log.before ]]; then
+    mine=""; api_up && mine=$(kh get pods -A -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}')
+    for l in /var/log/pods/* /var/log/containers/*; do
+      [[ -e $l || -L $l ]] || continue
+      t=$l; [[ -L $l ]] && t=$(readlink "$l")
+      uid=$(sed -n 's|^/var/log/pods/[^/_]*_[^/_]*_\([0-9a-f-]*\).*|\1|p' <<< "$t")
+      if [[ -z $uid ]] || ! grep -qxF "$uid" <<< "$mine"; then basename "$l" >> "$LAB/state/var-log.before"; fi
+    done
+  fi
+  if api_up; then "$KL/kubelet-node-down.sh" "$LAB" "$HKC" "$NODE" > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1
+  else "$KL/kubelet-node-down.sh" "$LAB" > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1; fi
+  ts "kubelet node and scheduler down ($(tail -1 "$RUN/logs/kubelet-node-down.log"))"
+fi
+if [[ -n "$(mounts_under "$LAB")" ]]; then
+  for mp in $(mounts_under "$LAB"); do
+    [[ $mp == "$LAB" ]] || echo "warning: left mounted by node-down: $mp"
+    umount "$mp" 2>/dev/null || umount -l "$mp" || rc=1
+  done
+fi
+
+# ---------- 4. control planes ----------
+for c in "$HOST" "$MEMBER"; do
+  if [[ -d $E2E_HOME/run/$c/pids ]]; then
+    "$E2E_HOME/cluster-down.sh" "$c" --wipe > "$RUN/logs/cluster-down-$c.log" 2>&1 || rc=1
+    mkdir -p "$RUN/logs/$c"; cp -r "$E2E_HOME/run/$c/logs/." "$RUN/logs/$c/" 2>/dev/null
+    rm -rf -- "${E2E_HOME:?}/run/$c" "$E2E_HOME/run/$c.kubeconfig"
+  fi
+done
+ts "control planes down"
+
+# ---------- 5. nothing left ----------
+left=$(mounts_under "$RUN"; [[ -e $CTRD_STATE ]] && mounts_under "$CTRD_STATE")
+[[ -n $left ]] && { echo "LEFT: mounts:"; echo "$left"; rc=1; }
+loops=$(losetup -a 2>/dev/null | grep -F "$RUN" || true)
+[[ -n $loops ]] && { echo "LEFT: loop devices:"; echo "$loops"; rc=1; }
+[[ -e $CTRD_STATE ]] && { echo "LEFT: $CTRD_STATE"; rc=1; }
+procs=$(ps -eo pid=,args= | grep -E -- "$LAB|$CTRD_STATE|run/$HOST[/.]|run/$MEMBER[/.]|--secure-port=($HOST_PORT|$((HOST_PORT+3))|$MEMBER_PORT|$((MEMBER_PORT+3))|$SCHED_PORT)( |$)" | grep -v grep || true)
+[[ -n $procs ]] && { echo "LEFT: processes:"; echo "$procs"; rc=1; }
+for p in $HOST_PORT $((HOST_PORT+1)) $MEMBER_PORT $((MEMBER_PORT+1)) $SCHED_PORT $KL_PORT 9808 9809; do
+  ss -Hltn "sport = :$p" | grep -q . && { echo "LEFT: port $p listening"; rc=1; }
+done
+rm -rf -- "$RUN/node-state" "$RUN/member-disk" "$RUN/kustomize" "$RUN"/csi-relay-0.1.0.tar
+[[ $rc == 0 ]] && ts "down.sh done: nothing left" || ts "down.sh done WITH LEFTOVERS (rc=$rc)"
+exit $rc

@@ -1,0 +1,44 @@
+# lib.sh: names, ports and helpers of tests/deploy-kit/{up,check,down}.sh (sourced; needs RUN set).
+# Everything here is overridable from the environment.
+E2E_HOME=${E2E_HOME:-/root/e2e}; export E2E_HOME
+KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$KIT/../.." && pwd)
+export PATH=$E2E_HOME/bin:$PATH
+KL=$E2E_HOME/kubelet
+HOST=${KIT_HOST:-deploykit}                 # host control plane: cluster-up.sh NAME
+HOST_PORT=${KIT_HOST_PORT:-19443}           # .. its ports PORT..PORT+3
+MEMBER=${KIT_MEMBER:-deploykit-member}      # member control plane (no kubelet: static hostPath PVs)
+MEMBER_PORT=${KIT_MEMBER_PORT:-19453}
+SCHED_PORT=${KIT_SCHED_PORT:-19467}
+NODE=${KIT_NODE:-kit-node-1}
+KL_PORT=${KIT_KUBELET_PORT:-10370}          # kubelet https; +1 healthz
+CTRD_STATE=${KIT_CTRD_STATE:-/run/deploykit-containerd}
+MEMBER_NODE=member-node-1                   # the member node the host node stands for
+MEMBER_NAME=member1                         # deploy/'s member name (--member member1=...)
+CLASS=relay-member1                         # deploy/storageclass.yaml (WaitForFirstConsumer)
+PULL_PROXY=http://127.0.0.1:9               # a closed port: a pull that should never happen fails at once
+HKC=$E2E_HOME/run/$HOST.kubeconfig
+MKC=$E2E_HOME/run/$MEMBER.kubeconfig
+LAB=$RUN/lab                                # kubelet-node-up.sh LAB_DIR
+KUBELET_DIR=$LAB/kubelet                    # the kubelet's --root-dir: the kit's kubeletDir
+USER_NS=kit-user
+BUSYBOX_IMAGE=registry.k8s.io/e2e-test-images/busybox:1.36.1-1
+kh() { kubectl --kubeconfig "$HKC" "$@"; }
+km() { kubectl --kubeconfig "$MKC" "$@"; }
+T_START=${T_START:-$(date +%s.%N)}
+ts() { printf '[%6.1fs] %s\n' "$(awk -v a="$T_START" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" "$*"; }
+die() { echo "FAIL: $*" >&2; exit 1; }
+waitfor() { # waitfor SECONDS WHAT CMD... : polls CMD every 0.5 s
+  local t=$1 what=$2 i; shift 2
+  for ((i=0;i<t*2;i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.5; done
+  echo "timeout (${t}s) waiting for $what" >&2; return 1
+}
+mounts_under() { # mount points at/under DIR, deepest first
+  python3 - "$(readlink -m "$1")" <<'EOF'
+import sys
+r = sys.argv[1].rstrip('/')
+pts = [l.split()[4] for l in open('/proc/self/mountinfo')]
+for mp in reversed([p for p in pts if p == r or p.startswith(r + '/')]):
+    print(mp)
+EOF
+}
