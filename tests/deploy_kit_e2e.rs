@@ -13,15 +13,12 @@
 //! installed; prints "skipped" otherwise.
 
 mod common;
+mod e2e_support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/deploy-kit")
-        .join(name)
-}
+use e2e_support::ScriptedEnv;
 
 fn prerequisites() -> Result<PathBuf, String> {
     let e2e_home = PathBuf::from(std::env::var("E2E_HOME").map_err(|_| "no E2E_HOME")?);
@@ -56,49 +53,18 @@ fn prerequisites() -> Result<PathBuf, String> {
     Ok(e2e_home)
 }
 
-/// The kit's run dir; down.sh runs when dropped, also after a failure.
-struct Kit {
-    run: tempfile::TempDir,
-    e2e_home: PathBuf,
-}
-
-impl Kit {
-    fn command(&self, name: &str) -> Command {
-        let mut c = Command::new(script(name));
-        c.arg(self.run.path())
-            .env("E2E_HOME", &self.e2e_home)
-            .env("CSI_RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay"));
-        c
-    }
-}
-
-impl Drop for Kit {
-    fn drop(&mut self) {
-        let status = self.command("down.sh").status();
-        if !status.is_ok_and(|s| s.success()) {
-            eprintln!(
-                "tests/deploy-kit/down.sh did not finish cleanly; see {}",
-                self.run.path().display()
-            );
-        }
-    }
-}
-
 #[test]
 fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
     let e2e_home = match prerequisites() {
         Ok(home) => home,
         Err(why) => return common::skip(&why),
     };
-    let kit = Kit {
-        run: tempfile::Builder::new()
-            .prefix("relay-deploy-kit-")
-            .tempdir()
-            .expect("run dir"),
-        e2e_home,
-    };
-    let up = kit.command("up.sh").status().expect("run up.sh");
-    assert!(up.success(), "tests/deploy-kit/up.sh failed: {up}");
-    let check = kit.command("check.sh").status().expect("run check.sh");
-    assert!(check.success(), "tests/deploy-kit/check.sh failed: {check}");
+    let kit = ScriptedEnv::new(
+        "deploy-kit",
+        "down.sh",
+        &e2e_home,
+        vec![("CSI_RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay").to_string())],
+    );
+    kit.run("up.sh");
+    kit.run("check.sh");
 }

@@ -41,7 +41,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{client, eventually, Sidecar};
+use e2e_support::{client, eventually, ScriptedEnv, Sidecar};
 
 const DRIVER: &str = "relay.csi.dev";
 /// The busybox image the kubelet scripts import (Kosmos copies the name).
@@ -96,65 +96,18 @@ fn prerequisites() -> Result<Prerequisites, String> {
     })
 }
 
-/// What `tests/kosmos/env-up.sh` added, taken down (`env-down.sh`) when
-/// dropped.
-struct KosmosEnv {
-    run: tempfile::TempDir,
-    e2e_home: PathBuf,
+/// The member2 kubeconfig `tests/kosmos/env-up.sh` makes.
+fn member2_kubeconfig(e2e_home: &Path) -> String {
+    e2e_home
+        .join("run/member2.kubeconfig")
+        .display()
+        .to_string()
 }
 
-fn script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/kosmos")
-        .join(name)
-}
-
-impl KosmosEnv {
-    fn up(e2e_home: &Path) -> KosmosEnv {
-        let run = tempfile::Builder::new()
-            .prefix("relay-kosmos-")
-            .tempdir()
-            .expect("run dir");
-        let env = KosmosEnv {
-            run,
-            e2e_home: e2e_home.to_path_buf(),
-        };
-        let status = std::process::Command::new(script("env-up.sh"))
-            .arg(env.run.path())
-            .env("E2E_HOME", e2e_home)
-            .status()
-            .expect("run tests/kosmos/env-up.sh");
-        assert!(status.success(), "tests/kosmos/env-up.sh failed: {status}");
-        env
-    }
-
-    fn member2_kubeconfig(&self) -> String {
-        self.e2e_home
-            .join("run/member2.kubeconfig")
-            .display()
-            .to_string()
-    }
-
-    /// The member kubelet node's hostpath state dir: one directory per
-    /// volume handle.
-    fn member_storage(&self) -> PathBuf {
-        self.run.path().join("lab/csi/hostpath-state")
-    }
-}
-
-impl Drop for KosmosEnv {
-    fn drop(&mut self) {
-        let status = std::process::Command::new(script("env-down.sh"))
-            .arg(self.run.path())
-            .env("E2E_HOME", &self.e2e_home)
-            .status();
-        if !status.is_ok_and(|s| s.success()) {
-            eprintln!(
-                "tests/kosmos/env-down.sh did not finish cleanly; see {}",
-                self.run.path().display()
-            );
-        }
-    }
+/// The member kubelet node's hostpath state dir: one directory per volume
+/// handle.
+fn member_storage(kosmos: &ScriptedEnv) -> PathBuf {
+    kosmos.run.path().join("lab/csi/hostpath-state")
 }
 
 async fn apply<K>(api: &Api<K>, name: &str, object: Value)
@@ -404,14 +357,15 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
             return;
         }
     };
-    let kosmos = KosmosEnv::up(&pre.e2e_home);
+    let kosmos = ScriptedEnv::new("kosmos", "env-down.sh", &pre.e2e_home, vec![]);
+    kosmos.run("env-up.sh");
     let env = &pre.env;
     let host = client(&env.host_kubeconfig).await;
     let ctx = Ctx {
         host: host.clone(),
         member1: client(&env.member_kubeconfig).await,
-        member2: client(&kosmos.member2_kubeconfig()).await,
-        storage: kosmos.member_storage(),
+        member2: client(&member2_kubeconfig(&pre.e2e_home)).await,
+        storage: member_storage(&kosmos),
         tag: format!("{}", std::process::id()),
     };
 
@@ -444,7 +398,7 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
     .await;
 
     let member1 = format!("member1={}", env.member_kubeconfig);
-    let member2 = format!("member2={}", kosmos.member2_kubeconfig());
+    let member2 = format!("member2={}", member2_kubeconfig(&pre.e2e_home));
     let relay = common::Driver::start_as(
         "controller",
         &[

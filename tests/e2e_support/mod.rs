@@ -362,3 +362,78 @@ pub fn sidecar_args(socket: &std::path::Path, kubeconfig: &str, extra: &[&str]) 
     args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
+
+/// An environment a project script under `tests/<dir>/` adds on a machine
+/// (`<script> RUN_DIR`, with E2E_HOME): its run dir, and its down script,
+/// which runs when this is dropped, also after a failed assertion.
+pub struct ScriptedEnv {
+    pub run: tempfile::TempDir,
+    e2e_home: std::path::PathBuf,
+    dir: &'static str,
+    down: &'static str,
+    env: Vec<(&'static str, String)>,
+}
+
+impl ScriptedEnv {
+    /// A fresh run dir for the scripts of `tests/<dir>/`; `env` is given to
+    /// every script.
+    pub fn new(
+        dir: &'static str,
+        down: &'static str,
+        e2e_home: &std::path::Path,
+        env: Vec<(&'static str, String)>,
+    ) -> ScriptedEnv {
+        let run = tempfile::Builder::new()
+            .prefix(&format!("relay-{dir}-"))
+            .tempdir()
+            .expect("run dir");
+        ScriptedEnv {
+            run,
+            e2e_home: e2e_home.to_path_buf(),
+            dir,
+            down,
+            env,
+        }
+    }
+
+    /// `tests/<dir>/<name> RUN_DIR`, ready to run.
+    pub fn command(&self, name: &str) -> std::process::Command {
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests")
+            .join(self.dir)
+            .join(name);
+        let mut c = std::process::Command::new(script);
+        c.arg(self.run.path()).env("E2E_HOME", &self.e2e_home);
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        c
+    }
+
+    /// Runs `tests/<dir>/<name> RUN_DIR` and asserts that it succeeded.
+    pub fn run(&self, name: &str) {
+        let status = self
+            .command(name)
+            .status()
+            .unwrap_or_else(|e| panic!("run tests/{}/{name}: {e}", self.dir));
+        assert!(
+            status.success(),
+            "tests/{}/{name} failed: {status}",
+            self.dir
+        );
+    }
+}
+
+impl Drop for ScriptedEnv {
+    fn drop(&mut self) {
+        let status = self.command(self.down).status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "tests/{}/{} did not finish cleanly; see {}",
+                self.dir,
+                self.down,
+                self.run.path().display()
+            );
+        }
+    }
+}
