@@ -733,6 +733,34 @@ async fn get_capacity_follows_allocations_and_topology() {
         .unwrap()
         .into_inner();
     assert_eq!(elsewhere.available_capacity, 0);
+    // What external-provisioner's capacity tracking sends: a mount
+    // capability whose access mode is UNKNOWN, because the spec wants one.
+    let mut any_mode = mount_cap(Mode::SingleNodeWriter);
+    any_mode.access_mode = Some(csi::volume_capability::AccessMode {
+        mode: Mode::Unknown as i32,
+    });
+    let tracked = c
+        .get_capacity(csi::GetCapacityRequest {
+            volume_capabilities: vec![any_mode],
+            ..Default::default()
+        })
+        .await
+        .expect("GetCapacity as external-provisioner asks it")
+        .into_inner();
+    assert_eq!(tracked.available_capacity, cap1.available_capacity);
+    // Still refused: a capability with no access type.
+    let broken = c
+        .get_capacity(csi::GetCapacityRequest {
+            volume_capabilities: vec![csi::VolumeCapability {
+                access_type: None,
+                access_mode: Some(csi::volume_capability::AccessMode {
+                    mode: Mode::Unknown as i32,
+                }),
+            }],
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(code(broken), Code::InvalidArgument);
 }
 
 #[tokio::test]
