@@ -1,7 +1,7 @@
 #!/bin/bash
 # image.sh OUT.tar
-#   Builds the image deploy/ runs, `csi-relay:0.1.0` (containerd normalises that name
-#   to docker.io/library/csi-relay:0.1.0), as an OCI archive that `ctr images import`
+#   Builds the image deploy/ runs, `csi-relay:0.1.0`, under the fully qualified local name
+#   localhost/csi-relay:0.1.0 (the test overlay points deploy/ at it), as an OCI archive that `ctr images import`
 #   takes, with no registry: FROM scratch, holding
 #     - the project's own release binary (CSI_RELAY_BIN, default REPO/target/release/csi-relay;
 #       build it with `cargo build --release --locked --bin csi-relay`),
@@ -15,14 +15,14 @@
 #   Uses Debian's buildah (apt-get install buildah) with its own storage under WORK_DIR and the
 #   vfs driver (no overlay or fuse mount is needed, and nothing stays mounted); no RUN step,
 #   so no isolation or user namespace is needed either.
-# Env: IMAGE_REF [docker.io/library/csi-relay:0.1.0], CSI_RELAY_BIN, WORK_DIR [mktemp],
+# Env: IMAGE_REF [localhost/csi-relay:0.1.0], CSI_RELAY_BIN, WORK_DIR [mktemp],
 #      STORAGE_DRIVER [vfs]
 set -euo pipefail
 OUT=${1:?usage: image.sh OUT.tar}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 BIN=${CSI_RELAY_BIN:-$REPO/target/release/csi-relay}
-REF=${IMAGE_REF:-docker.io/library/csi-relay:0.1.0}
+REF=${IMAGE_REF:-localhost/csi-relay:0.1.0}
 DRIVER=${STORAGE_DRIVER:-vfs}
 [[ -x $BIN ]] || { echo "no release binary at $BIN (cargo build --release --locked --bin csi-relay)" >&2; exit 2; }
 command -v buildah >/dev/null || { echo "need buildah (apt-get install -y buildah)" >&2; exit 2; }

@@ -22,7 +22,8 @@ MKC=$E2E_HOME/run/$MEMBER.kubeconfig
 LAB=$RUN/lab                                # kubelet-node-up.sh LAB_DIR
 KUBELET_DIR=$LAB/kubelet                    # the kubelet's --root-dir: the kit's kubeletDir
 USER_NS=kit-user
-BUSYBOX_IMAGE=registry.k8s.io/e2e-test-images/busybox:1.36.1-1
+# The e2e suite's busybox, as $E2E_HOME/images/images.txt names it.
+BUSYBOX_IMAGE=$(awk '$1 ~ /e2e-test-images\/busybox:1\.36\.1-1$/ {print $1; exit}' "$E2E_HOME/images/images.txt" 2>/dev/null)
 kh() { kubectl --kubeconfig "$HKC" "$@"; }
 km() { kubectl --kubeconfig "$MKC" "$@"; }
 T_START=${T_START:-$(date +%s.%N)}

@@ -97,9 +97,9 @@ SNAP=$(awk -F'"' '/snapshotter = /{print $2; exit}' "$LAB/containerd.toml")
 imp() { ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io images import --snapshotter "${SNAP:-overlayfs}" "$1" >> "$RUN/logs/images.log" 2>&1; }
 imp "$IMAGE_TAR"
 while read -r ref file; do
-  case $ref in registry.k8s.io/sig-storage/*|$BUSYBOX_IMAGE) imp "$E2E_HOME/images/$file" ;; esac
+  case $ref in */sig-storage/*|"$BUSYBOX_IMAGE") imp "$E2E_HOME/images/$file" ;; esac
 done < "$E2E_HOME/images/images.txt"
-want=(docker.io/library/csi-relay:0.1.0 $BUSYBOX_IMAGE
+want=(localhost/csi-relay:0.1.0 $BUSYBOX_IMAGE
       $(kubectl kustomize "$KIT/overlay" | awk '/image: registry/{print $2}' | sort -u))
 have=$(ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io images ls -q)
 for i in "${want[@]}"; do grep -qxF "$i" <<< "$have" || die "image $i missing after import"; done

@@ -1,0 +1,64 @@
+# member-up.inc.sh: part (b) of env-up.sh (sourced by it when MEMBER=1; uses its
+# variables and helpers). csi-relay with --backend member as driver
+# member.relay.csi.dev: a controller (--mode controller) for member cluster
+# "member1" = the shared env's member, and a node plugin on host-kl-1
+# (--mode node) that proxies to the member storage's own node plugin: the
+# env's hostpath (hostpath.csi.k8s.io, node id member-node-1, attach
+# required), reachable on this machine at $MEMBER_HOSTPATH_SOCK and found
+# through --plugins-dir RUN_DIR/member-plugins/<driver>/csi.sock (a symlink).
+# host-kl-1 is mapped to member node member-node-1 by the labels
+# topology.relay.csi.dev/member(-node). Class relay-member: member1's
+# member-hostpath (Immediate).
+[[ -x $B/csi-resizer ]] || { echo "missing $B/csi-resizer" >&2; false; }
+MSTATE=$RUN/member-state
+mkdir -p "$MSTATE/controller" "$MSTATE/node" "$RUN/member-plugins/$MEMBER_CSI_DRIVER"
+ln -sfn "$MEMBER_HOSTPATH_SOCK" "$RUN/member-plugins/$MEMBER_CSI_DRIVER/csi.sock"
+"$RELAY_BIN" crd | kh apply -f - > /dev/null
+kh wait --for=condition=Established crd --all --timeout=60s > /dev/null
+kh label node $KL_NODE --overwrite topology.relay.csi.dev/member=member1 \
+  topology.relay.csi.dev/member-node=$MEMBER_NODE > /dev/null
+MCSOCK=$RUN/member-controller.sock
+MNSOCKDIR=$LAB/kubelet/plugins/$MEMBER_DRIVER; MNSOCK=$MNSOCKDIR/csi.sock
+mkdir -p "$MNSOCKDIR"
+RUST_LOG=$RELAY_LOG lab kl_start member-relay-controller "$LAB/logs/member-relay-controller.log" \
+  "$RELAY_BIN" serve --mode controller --backend member --driver-name $MEMBER_DRIVER --node-id relay-controller \
+  --member member1="$MEMBER_KUBECONFIG" --host-kubeconfig "$HOST_KUBECONFIG" \
+  --state-dir "$MSTATE/controller" --endpoint "unix://$MCSOCK"
+RUST_LOG=$RELAY_LOG lab kl_start member-relay-node "$LAB/logs/member-relay-node.log" \
+  "$RELAY_BIN" serve --mode node --backend member --driver-name $MEMBER_DRIVER --node-id $KL_NODE \
+  --node-member member1 --member member1="$MEMBER_KUBECONFIG" --host-kubeconfig "$HOST_KUBECONFIG" \
+  --plugins-dir "$RUN/member-plugins" --state-dir "$MSTATE/node" --endpoint "unix://$MNSOCK"
+waitfor 30 "member relay sockets" sh -c "test -S '$MCSOCK' && test -S '$MNSOCK'"
+lab kl_start member-registrar "$LAB/logs/member-registrar.log" "$B/csi-node-driver-registrar" --csi-address="$MNSOCK" \
+  --kubelet-registration-path="$MNSOCK" --plugin-registration-path="$KL_REGISTRATION_DIR" -v=3
+MSC=(--csi-address="$MCSOCK" --kubeconfig="$HOST_KUBECONFIG" --leader-election=false --timeout=60s -v=${SIDECAR_V:-3})
+lab kl_start member-provisioner "$LAB/logs/member-provisioner.log" "$B/csi-provisioner" "${MSC[@]}" \
+  --feature-gates=Topology=true --extra-create-metadata
+lab kl_start member-attacher "$LAB/logs/member-attacher.log" "$B/csi-attacher" "${MSC[@]}"
+lab kl_start member-resizer "$LAB/logs/member-resizer.log" "$B/csi-resizer" "${MSC[@]}"
+cat > "$RUN/manifests/relay-member.yaml" <<YAML
+apiVersion: storage.k8s.io/v1
+kind: CSIDriver
+metadata: {name: $MEMBER_DRIVER}
+spec:
+  attachRequired: true
+  podInfoOnMount: true
+  fsGroupPolicy: File
+  volumeLifecycleModes: [Persistent]
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: $MEMBER_CLASS}
+provisioner: $MEMBER_DRIVER
+volumeBindingMode: Immediate
+reclaimPolicy: Delete
+allowVolumeExpansion: true
+parameters:
+  member: member1
+  memberStorageClass: $MEMBER_STORAGE_CLASS
+  createMemberNamespace: "true"
+YAML
+kh apply -f "$RUN/manifests/relay-member.yaml" > /dev/null
+waitfor 60 "CSINode $KL_NODE with $MEMBER_DRIVER" \
+  sh -c "[ \"\$(kubectl --kubeconfig '$HOST_KUBECONFIG' get csinode $KL_NODE -o jsonpath='{.spec.drivers[?(@.name==\"$MEMBER_DRIVER\")].nodeID}')\" = $KL_NODE ]"
+ts "csi-relay $MEMBER_DRIVER (member backend, member1) registered on $KL_NODE"

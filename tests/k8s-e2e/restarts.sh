@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# restarts.sh RUN_DIR : what a real kubelet node lives through, on the env
+# tests/k8s-e2e/env-up.sh RUN_DIR brought up (local backend, host-kl-1):
+#   1. csi-relay killed with SIGKILL while a pod writes to a filesystem
+#      volume and another reads a raw block one: the pods keep running and
+#      writing; csi-relay is started again with its own command line; a new
+#      claim and pod work after it.
+#   2. the kubelet killed with SIGKILL and started again: its volume
+#      reconstruction finds csi-relay's mounts (the pods stay Running, their
+#      data is there), and the pods' deletion unpublishes and unstages them.
+#   3. teardown: every claim and PV goes, nothing of the volumes is left
+#      mounted, looped or in csi-relay's state.
+# Prints one line per check ("ok ..." / "FAIL ...") and exits 1 on any FAIL.
+set -uo pipefail
+RUN=${1:?usage: restarts.sh RUN_DIR}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+: "${E2E_HOME:?set E2E_HOME}"
+source "$E2E_HOME/e2e/env.sh"
+source "$HERE/settings.sh"
+RUN=$(cd "$RUN" && pwd)
+source "$RUN/env.sh"
+LAB=$RUN/lab
+source "$KL/kl-lib.sh"
+NS=relay-restarts
+# The suite's busybox, as the images imported at env-up name it.
+IMAGE=$(awk '$1 ~ /e2e-test-images\/busybox:1\.36\.1-1$/ {print $1; exit}' "$E2E_HOME/images/images.txt")
+[[ -n $IMAGE ]] || { echo "no e2e-test-images/busybox:1.36.1-1 in $E2E_HOME/images/images.txt" >&2; exit 2; }
+fails=0
+T0=$(date +%s.%N)
+at() { awk -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN{printf "%6.1fs", a-b}'; }
+ok() { echo "[$(at)] ok   $*"; }
+fail() { echo "[$(at)] FAIL $*"; fails=$((fails + 1)); }
+check() { # check WHAT CMD... : ok/FAIL by the command's status
+  local what=$1; shift
+  if "$@" > /dev/null 2>&1; then ok "$what"; else fail "$what"; fi
+}
+waitfor() { # waitfor SECONDS CMD... : 0 once CMD succeeds
+  local t=$1 i; shift
+  for ((i = 0; i < t * 5; i++)); do "$@" > /dev/null 2>&1 && return 0; sleep 0.2; done
+  return 1
+}
+kn() { kh -n "$NS" "$@"; }
+running() { [[ $(kn get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null) == Running ]]; }
+lines() { kn exec "$1" -- sh -c 'wc -l < /data/log' 2>/dev/null | tr -d ' '; }
+grows() { # grows POD : the pod's log gains lines within 10 s
+  local a b; a=$(lines "$1"); [[ -n $a ]] || return 1
+  for ((i = 0; i < 50; i++)); do b=$(lines "$1"); [[ -n $b && $b -gt $a ]] && return 0; sleep 0.2; done
+  return 1
+}
+# What a pod's restart policy does for processes this env starts bare.
+saved_argv=() saved_env=()
+save() { # save NAME : remember NAME's command line and environment
+  local pid; pid=$(cat "$LAB/pids/$1.pid")
+  saved_argv[$2]=$(tr '\0' '\n' < "/proc/$pid/cmdline")
+  saved_env[$2]=$(tr '\0' '\n' < "/proc/$pid/environ")
+}
+start_saved() { # start_saved NAME SLOT LOGFILE : start NAME again as saved in SLOT
+  local n=$1 pid argv envv
+  mapfile -t argv <<< "${saved_argv[$2]}"
+  mapfile -t envv <<< "${saved_env[$2]}"
+  rm -f "$LAB/pids/$n".{pid,exe,start}
+  kl_start "$n" "$3" /usr/bin/env -i "${envv[@]}" "${argv[@]}"
+  # kl_start may have recorded env itself, before it became the program.
+  pid=$(cat "$LAB/pids/$n.pid")
+  for ((i = 0; i < 50; i++)); do
+    [[ $(readlink -f "/proc/$pid/exe") == "$(readlink -f "${argv[0]}")" ]] && break; sleep 0.1
+  done
+  kl_track "$n" "$pid"
+}
+kill_hard() { # kill_hard NAME : SIGKILL, and wait until it is gone
+  local pid; pid=$(cat "$LAB/pids/$1.pid")
+  kill -KILL "$pid"
+  for ((i = 0; i < 50; i++)); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
+}
+SIDECARS=(relay-registrar relay-provisioner relay-attacher relay-resizer relay-snapshotter)
+
+kh create namespace $NS > /dev/null 2>&1
+kn apply -f - > /dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: fs}
+spec: {accessModes: [ReadWriteOnce], storageClassName: $CLASS, resources: {requests: {storage: 64Mi}}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: blk}
+spec: {accessModes: [ReadWriteOnce], volumeMode: Block, storageClassName: $CLASS, resources: {requests: {storage: 32Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: writer}
+spec:
+  nodeName: $KL_NODE
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  containers:
+  - name: w
+    image: $IMAGE
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, 'while true; do date >> /data/log; sleep 0.2; done']
+    volumeMounts: [{name: v, mountPath: /data}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: fs}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: blockuser}
+spec:
+  nodeName: $KL_NODE
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  containers:
+  - name: b
+    image: $IMAGE
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, 'echo relay-block-data | dd of=/dev/xvda bs=512 conv=sync 2>/dev/null; sleep 100000']
+    volumeDevices: [{name: v, devicePath: /dev/xvda}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: blk}}]
+YAML
+if waitfor 90 running writer && waitfor 90 running blockuser; then
+  ok "filesystem and raw block pods Running"
+else
+  fail "pods not Running: $(kn get pods -o wide 2>&1 | tail -n +2 | tr '\n' ';')"
+fi
+check "the writer's volume takes writes" grows writer
+block_reads() { [[ $(kn exec blockuser -- sh -c 'dd if=/dev/xvda bs=512 count=1 2>/dev/null | head -c 16') == relay-block-data ]]; }
+check "the block device holds what was written" block_reads
+PV_FS=$(kn get pvc fs -o jsonpath='{.spec.volumeName}')
+
+# ---- 1. csi-relay SIGKILLed under running pods
+save csi-relay 0
+for ((k = 0; k < ${#SIDECARS[@]}; k++)); do kl_alive "${SIDECARS[$k]}" && save "${SIDECARS[$k]}" $((k + 1)); done
+kill_hard csi-relay
+check "pods keep running and writing while csi-relay is down" grows writer
+start_saved csi-relay 0 "$LAB/logs/csi-relay.log"
+SOCK=$LAB/kubelet/plugins/$DRIVER/csi.sock
+if waitfor 30 test -S "$SOCK" && waitfor 30 kl_alive csi-relay; then ok "csi-relay started again"; else fail "csi-relay did not come back"; fi
+# The stock sidecars exit when they find their connection to the driver
+# lost, at their next call (a pod's restart policy starts them again): so
+# does a supervisor here, until the end of this script.
+supervise() {
+  while sleep 0.5; do
+    for ((k = 0; k < ${#SIDECARS[@]}; k++)); do
+      n=${SIDECARS[$k]}
+      [[ -n ${saved_argv[$((k + 1))]:-} ]] || continue
+      kl_alive "$n" && continue
+      echo "           $n exited (lost connection); started again"
+      start_saved "$n" $((k + 1)) "$LAB/logs/$n.log"
+    done
+  done
+}
+supervise & SUPERVISOR=$!
+trap 'kill $SUPERVISOR 2>/dev/null' EXIT
+check "the writer still writes after csi-relay's restart" grows writer
+check "the block device still reads back" block_reads
+kn apply -f - > /dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: after}
+spec: {accessModes: [ReadWriteOnce], storageClassName: $CLASS, resources: {requests: {storage: 16Mi}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: after}
+spec:
+  nodeName: $KL_NODE
+  terminationGracePeriodSeconds: 1
+  automountServiceAccountToken: false
+  containers:
+  - name: a
+    image: $IMAGE
+    imagePullPolicy: IfNotPresent
+    command: [sh, -c, 'echo after > /data/f; sleep 100000']
+    volumeMounts: [{name: v, mountPath: /data}]
+  volumes: [{name: v, persistentVolumeClaim: {claimName: after}}]
+YAML
+check "a new claim and pod run through the restarted csi-relay" waitfor 90 running after
+
+# ---- 2. the kubelet SIGKILLed and started again
+save kubelet 9
+kill_hard kubelet
+start_saved kubelet 9 "$LAB/logs/kubelet.log"
+answers() { [[ $(curl -sf --max-time 2 "http://127.0.0.1:$((KL_PORT + 1))/healthz") == ok ]]; }
+check "the kubelet is back and answers" waitfor 60 answers
+check "the writer survived the kubelet's restart and still writes" grows writer
+check "the block pod still reads its device" block_reads
+# The kubelet's staging and target paths carry the PV's name.
+mounted_fs() { grep -q "$PV_FS" /proc/self/mountinfo; }
+check "the filesystem volume is still mounted for the writer" mounted_fs
+
+# ---- 3. teardown through the restarted kubelet
+kn delete pod writer blockuser after --wait=false > /dev/null
+gone() { [[ -z $(kn get pods -o name 2>/dev/null) ]]; }
+check "the pods are deleted (NodeUnpublish/NodeUnstage through the new kubelet)" waitfor 90 gone
+unmounted() { ! grep -q "$PV_FS" /proc/self/mountinfo; }
+check "nothing of the volume stays mounted" waitfor 30 unmounted
+kn delete pvc fs blk after --wait=false > /dev/null
+no_pvs() { [[ -z $(kh get pv -o json | jq -r --arg ns $NS '.items[] | select(.spec.claimRef.namespace == $ns) | .metadata.name') ]]; }
+check "the claims' PVs are deleted" waitfor 90 no_pvs
+no_loops() { ! losetup -nl -O BACK-FILE | grep -qF "$RUN/relay-state/"; }
+check "no loop device left on the relay's volumes" waitfor 30 no_loops
+no_data() { [[ -z $(ls "$RUN/relay-state/volumes" 2>/dev/null) ]]; }
+check "the relay's volumes directory is empty" waitfor 30 no_data
+kh delete namespace $NS --wait=false > /dev/null 2>&1
+echo "restarts: $fails failed check(s) in $(at)"
+((fails == 0))

@@ -1,0 +1,20 @@
+# Names and ports of tests/k8s-e2e/env-up.sh (sourced; see there).
+KL=$E2E_HOME/kubelet
+KL_NODE=host-kl-1                     # real kubelet node in the HOST cluster
+KL_PORT=10360                         # its https port (+1: healthz); tests/kosmos uses 10350
+SCHED_PORT=19457                      # host kube-scheduler (https healthz, 127.0.0.1)
+KL_CTRD_STATE=/run/k8se2e-containerd  # its containerd's state dir (short: sockets live there)
+DRIVER=relay.csi.dev                  # csi-relay, local backend
+MEMBER_DRIVER=member.relay.csi.dev    # csi-relay, member backend (part b)
+CLASS=relay-local                     # StorageClass of DRIVER (Immediate)
+CLASS_WFFC=relay-local-wffc           # same, WaitForFirstConsumer
+MEMBER_CLASS=relay-member             # StorageClass of MEMBER_DRIVER
+SNAPCLASS=relay-local-snap            # VolumeSnapshotClass of DRIVER
+MEMBER_SNAPCLASS=relay-member-snap
+FAKE_TAINT=relay.csi.dev/e2e-fake-node=true:NoSchedule   # on the env's fake host-node-1
+# Pulls must never leave the machine: every image is imported, and the
+# kubelet's containerd (and e2e.test) get a proxy on a closed loopback port,
+# so a pull of a missing image fails at once instead of reaching out.
+K8SE2E_PROXY=http://127.0.0.1:9
+kh() { kubectl --kubeconfig "$HOST_KUBECONFIG" "$@"; }
+km() { kubectl --kubeconfig "$MEMBER_KUBECONFIG" "$@"; }
