@@ -338,6 +338,19 @@ async fn raw_block_volume_is_a_usable_device() {
     assert_eq!(bytes.total, 32 * MIB, "{st:?}");
     assert!(!condition(&st).abnormal);
 
+    // The kubelet asks at its own map path, a bind of the published device.
+    let map_path = d.path("plugins/volumeDevices/raw/dev/pod-1");
+    fs::create_dir_all(map_path.parent().unwrap()).unwrap();
+    fs::write(&map_path, b"").unwrap();
+    run("mount", &["--bind", &t, &s(&map_path)]);
+    let st = stats(&d, &v.id, &s(&map_path)).await;
+    run("umount", &[&s(&map_path)]);
+    let st = st.expect("stats at the kubelet's map path of the device");
+    assert_eq!(usage(&st, Unit::Bytes).total, 32 * MIB, "{st:?}");
+    // Another file there is not the volume.
+    let err = stats(&d, &v.id, &s(&map_path)).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+
     // Idempotent on block too.
     publish(&d, &v, &target, false).await;
     assert_eq!(mounts_at(&target).len(), 1);

@@ -50,6 +50,29 @@ fn directory_bytes(
     }))
 }
 
+/// Kubelet v1.28 asks about a raw block volume at its own map path
+/// (`volumeDevices/<pv>/dev/<pod uid>`, a bind of the published device),
+/// which no CSI call named: accepted when it is the very device published
+/// at one of the volume's targets on this node.
+fn same_device<'a>(
+    vol: &'a Volume,
+    node_id: &str,
+    path: &Path,
+) -> Option<(bool, &'a crate::capability::Capability)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let asked = std::fs::metadata(path).ok()?;
+    if !asked.file_type().is_block_device() {
+        return None;
+    }
+    vol.node(node_id)?.targets.iter().find_map(|(target, p)| {
+        let known = std::fs::metadata(target).ok()?;
+        (p.capability.is_block()
+            && known.file_type().is_block_device()
+            && known.rdev() == asked.rdev())
+        .then_some((false, &p.capability))
+    })
+}
+
 pub async fn stats(
     d: &Driver,
     req: csi::NodeGetVolumeStatsRequest,
@@ -59,7 +82,9 @@ pub async fn stats(
         return Err(CsiError::Missing("volume_path"));
     }
     let vol = d.volume(id).await?;
-    let Some((is_staging, cap)) = locate(&vol, &d.config.node_id, &req.volume_path) else {
+    let found = locate(&vol, &d.config.node_id, &req.volume_path)
+        .or_else(|| same_device(&vol, &d.config.node_id, Path::new(&req.volume_path)));
+    let Some((is_staging, cap)) = found else {
         return Err(CsiError::NotFound(format!(
             "volume {id:?} is neither staged nor published at {:?} on this node",
             req.volume_path
