@@ -307,13 +307,7 @@ async fn default_capacity_is_what_the_filesystem_has_free() {
     let st = nix::sys::statvfs::statvfs(&d.state_dir).unwrap();
     let free = st.blocks_available() as i64 * st.fragment_size() as i64;
     let size = st.blocks() as i64 * st.fragment_size() as i64;
-    let available = d
-        .controller()
-        .get_capacity(csi::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .available_capacity;
+    let available = available(&d).await;
     // Tests beside this one write and delete: a margin of 1 GiB.
     let margin = 1 << 30;
     assert!(
@@ -363,6 +357,16 @@ async fn block_backed_volumes_are_sparse_files() {
     );
 }
 
+/// GetCapacity's answer for no particular capabilities or topology.
+async fn available(d: &Driver) -> i64 {
+    d.controller()
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await
+        .expect("GetCapacity")
+        .into_inner()
+        .available_capacity
+}
+
 #[tokio::test]
 async fn delete_volume_is_idempotent_and_frees_storage() {
     // A set capacity: the default follows the filesystem's free space,
@@ -372,12 +376,7 @@ async fn delete_volume_is_idempotent_and_frees_storage() {
     let v = make(&d, "gone").await;
     let path = d.state_dir.join("volumes").join(&v.volume_id);
     assert!(path.exists());
-    let before = c
-        .get_capacity(csi::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .available_capacity;
+    let before = available(&d).await;
     for _ in 0..2 {
         c.delete_volume(csi::DeleteVolumeRequest {
             volume_id: v.volume_id.clone(),
@@ -387,12 +386,7 @@ async fn delete_volume_is_idempotent_and_frees_storage() {
         .unwrap();
     }
     assert!(!path.exists());
-    let after = c
-        .get_capacity(csi::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .available_capacity;
+    let after = available(&d).await;
     assert_eq!(after - before, v.capacity_bytes, "capacity is given back");
     c.delete_volume(csi::DeleteVolumeRequest {
         volume_id: "never-existed".into(),
@@ -1691,12 +1685,6 @@ async fn concurrent_creates_never_pass_the_capacity() {
         }
     }
     assert_eq!(created, 2, "two 40 MiB volumes fit in 90 MiB");
-    let left = d
-        .controller()
-        .get_capacity(csi::GetCapacityRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .available_capacity;
+    let left = available(&d).await;
     assert_eq!(left, 10 * MIB);
 }

@@ -40,13 +40,7 @@ mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
 LAB=$RUN/lab
 mkdir -p "$RUN/logs" "$RUN/manifests" "$LAB/logs"
 trap 'rc=$?; echo "k8s-e2e env-up failed (rc=$rc) at line $LINENO; see $RUN/logs and $LAB/logs" >&2; "$HERE/env-down.sh" "$RUN" >&2 || true; exit $rc' ERR
-T0=$(date +%s.%N)
-ts() { printf '[%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN{print a-b}')" "$*"; }
-waitfor() { # waitfor SECONDS WHAT CMD...
-  local t=$1 what=$2 i; shift 2
-  for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  echo "timed out after ${t}s waiting for: $what" >&2; return 1
-}
+source "$HERE/../env-lib.sh"
 lab() { ( source "$KL/kl-lib.sh"; "$@" ); }   # kl_start/kl_stop with LAB=$RUN/lab
 for b in kubelet kube-scheduler pause csi-node-driver-registrar csi-provisioner csi-attacher csi-resizer; do
   [[ -x $B/$b ]] || { echo "missing $B/$b" >&2; exit 2; }

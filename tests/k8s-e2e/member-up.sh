@@ -14,13 +14,7 @@ source "$LAB/node.env"
 RELAY_BIN=$(readlink -f "${RELAY_BIN:-$HERE/../../target/release/csi-relay}")
 RELAY_LOG=${RELAY_LOG:-csi_relay=debug}
 B=$E2E_HOME/bin
-T0=$(date +%s.%N)
-ts() { printf '[%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN{print a-b}')" "$*"; }
-waitfor() {
-  local t=$1 what=$2 i; shift 2
-  for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  echo "timed out after ${t}s waiting for: $what" >&2; return 1
-}
+source "$HERE/../env-lib.sh"
 lab() { ( source "$KL/kl-lib.sh"; "$@" ); }
 source "$HERE/member-up.inc.sh"
 sed -i 's/^export K8SE2E_MEMBER=.*/export K8SE2E_MEMBER=1/' "$RUN/env.sh"

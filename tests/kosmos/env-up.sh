@@ -23,13 +23,7 @@ source "$HERE/settings.sh"
 mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
 mkdir -p "$RUN/logs" "$RUN/hostlab/pids" "$RUN/member2/pids" "$RUN/manifests"
 trap 'rc=$?; echo "kosmos env-up failed (rc=$rc) at line $LINENO; see $RUN/logs" >&2; "$HERE/env-down.sh" "$RUN" >&2 || true; exit $rc' ERR
-T0=$(date +%s.%N)
-ts() { printf '[%6.2fs] %s\n' "$(awk -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN{print a-b}')" "$*"; }
-waitfor() { # waitfor SECONDS WHAT CMD...
-  local t=$1 what=$2 i; shift 2
-  for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  echo "timed out after ${t}s waiting for: $what" >&2; return 1
-}
+source "$HERE/../env-lib.sh"
 for b in kubelet kube-scheduler pause hostpathplugin csi-node-driver-registrar csi-provisioner csi-attacher csi-resizer clustertree-cluster-manager; do
   [[ -x $E2E_HOME/bin/$b ]] || { echo "missing $E2E_HOME/bin/$b" >&2; exit 2; }
 done
