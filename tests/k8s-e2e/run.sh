@@ -52,6 +52,7 @@ QUICK=(
   '\[Testpattern: Generic Ephemeral-volume \(default fs\) \(late-binding\)\] ephemeral should create read/write inline ephemeral volume$'
   '\(immediate binding\)\] topology should provision a volume and schedule a pod with AllowedTopologies'
   'read-write-once-pod.*should block a second pod from using an in-use ReadWriteOncePod volume on the same node'
+  '\(default fs\)\] capacity provides storage capacity information'
 )
 QUICK_FOCUS="External.Storage.*($(IFS='|'; echo "${QUICK[*]}"))"
 # sharded: suites per shard, balanced by the runtime of a full run here
