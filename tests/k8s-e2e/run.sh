@@ -35,6 +35,15 @@ SKIP=(
   'any volume data source'   # deploys hello-populator + volume-data-source-validator: images not built here
   'should not mount / map unused volumes in a pod'   # hostexec: nsenter into PID 1's mount ns, refused on this VM
 )
+# Growing a mounted ext4 (EXT4_IOC_RESIZE_FS) needs CAP_SYS_RESOURCE, which
+# some machines deny even to root (this project's 2-core VM does): there a
+# filesystem grows offline, at the next NodeStageVolume, and the online
+# spec for the default fs (ext4) cannot pass. Raw block and xfs still grow
+# online.
+if (( ! ( $(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status | sed 's/^/0x/') >> 24 & 1) )); then
+  echo "no CAP_SYS_RESOURCE: online ext4 growth skipped" >&2
+  SKIP+=('\(default fs\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it')
+fi
 [[ -n ${EXTRA_SKIP:-} ]] && SKIP+=("$EXTRA_SKIP")
 skip=$(IFS='|'; echo "${SKIP[*]}")
 # quick: one representative spec per suite that runs on one node (see README.md for the runtime)
@@ -46,7 +55,7 @@ QUICK=(
   '\(default fs\)\] volumeIO should write files of various sizes'
   '\(default fs\)\] fsgroupchangepolicy \(Always\)\[LinuxOnly\], pod created with an initial fsgroup, new pod fsgroup applied to volume contents$'
   '\(block volmode\)\] volumeMode should fail to use a volume in a pod with mismatched mode'
-  '\(default fs\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it$'
+  '\(block volmode\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it$'
   '\[Testpattern: Dynamic Snapshot \(delete policy\)\] snapshottable.*should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\)'
   '\[Testpattern: CSI Ephemeral-volume \(default fs\)\] ephemeral should create read-only inline ephemeral volume$'
   '\[Testpattern: Generic Ephemeral-volume \(default fs\) \(late-binding\)\] ephemeral should create read/write inline ephemeral volume$'
