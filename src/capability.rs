@@ -104,7 +104,19 @@ impl Capability {
             Some(Mode::SingleNodeSingleWriter) => AccessMode::SingleNodeSingleWriter,
             Some(Mode::SingleNodeMultiWriter) => AccessMode::SingleNodeMultiWriter,
         };
-        let access = match &cap.access_type {
+        let access = Self::access_from_wire(cap, field)?;
+        Ok(Capability { mode, access })
+    }
+
+    /// Checks a capability whose access mode does not matter (GetCapacity:
+    /// external-provisioner's capacity tracking sends UNKNOWN on purpose,
+    /// as the spec wants some capability and capacity depends on none).
+    pub fn check_access_type(cap: &VolumeCapability, field: &'static str) -> CsiResult<()> {
+        Self::access_from_wire(cap, field).map(|_| ())
+    }
+
+    fn access_from_wire(cap: &VolumeCapability, field: &'static str) -> CsiResult<AccessType> {
+        Ok(match &cap.access_type {
             None => {
                 return Err(CsiError::invalid(
                     field,
@@ -134,8 +146,7 @@ impl Capability {
                     volume_mount_group: m.volume_mount_group.clone(),
                 }
             }
-        };
-        Ok(Capability { mode, access })
+        })
     }
 
     /// Decodes a non-empty list of capabilities.

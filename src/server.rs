@@ -125,24 +125,17 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
     let store = Store::open(&args.state_dir)?;
     let (backend, host): (Arc<dyn Backend>, Option<Cluster>) = match args.backend {
         BackendKind::Local => {
-            let local = LocalBackend::new(
-                &args.state_dir,
-                &args.node_id,
-                &args.peer_nodes,
-                args.capacity,
-            )?
-            .with_mount_default(args.default_mount_backing);
-            let local = match args.capacity {
-                Some(_) => local,
-                // What is free now plus what is already ours: fixed for
-                // this run, so an admission never depends on how much of
-                // the volumes' sparse data has been written yet.
-                None => {
-                    let held = store.allocated_bytes()?;
-                    let free = local.free_bytes()?;
-                    local.with_capacity(free.saturating_add(held))
-                }
+            // Default: what is free now plus what is already ours, fixed
+            // for this run, so an admission never depends on how much of
+            // the volumes' sparse data has been written yet.
+            let capacity = match args.capacity {
+                Some(c) => c,
+                None => crate::backend::local::free_bytes(&args.state_dir)?
+                    .saturating_add(store.allocated_bytes()?),
             };
+            let local =
+                LocalBackend::new(&args.state_dir, &args.node_id, &args.peer_nodes, capacity)?
+                    .with_mount_default(args.default_mount_backing);
             (Arc::new(local), None)
         }
         BackendKind::Member => {

@@ -34,7 +34,7 @@ pub struct LocalBackend {
     pool: std::sync::Arc<PoolLeftovers>,
     node_id: String,
     peer_nodes: Vec<String>,
-    capacity: Option<u64>,
+    capacity: u64,
     mount_default: MountBacking,
 }
 
@@ -116,6 +116,12 @@ fn decide_backing(
             },
         },
     }
+}
+
+/// Bytes free for unprivileged use on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> CsiResult<u64> {
+    let st = nix::sys::statvfs::statvfs(dir).map_err(|e| CsiError::io("statvfs", dir, e.into()))?;
+    Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
 }
 
 async fn blocking<T: Send + 'static>(
@@ -209,7 +215,7 @@ impl LocalBackend {
         state_dir: &Path,
         node_id: &str,
         peer_nodes: &[String],
-        capacity: Option<u64>,
+        capacity: u64,
     ) -> CsiResult<Self> {
         let volumes = state_dir.join("volumes");
         let snapshots = state_dir.join("snapshots");
@@ -234,24 +240,10 @@ impl LocalBackend {
         })
     }
 
-    /// Sets the bytes volumes and snapshots may take in all.
-    pub fn with_capacity(mut self, capacity: u64) -> Self {
-        self.capacity = Some(capacity);
-        self
-    }
-
     /// What plain mount access gets when nothing else decides.
     pub fn with_mount_default(mut self, mount_default: MountBacking) -> Self {
         self.mount_default = mount_default;
         self
-    }
-
-    /// Bytes free for unprivileged use on the filesystem holding the volumes.
-    pub fn free_bytes(&self) -> CsiResult<u64> {
-        let dir = self.volumes.dir();
-        let st =
-            nix::sys::statvfs::statvfs(dir).map_err(|e| CsiError::io("statvfs", dir, e.into()))?;
-        Ok(st.blocks_available() as u64 * st.fragment_size() as u64)
     }
 
     pub fn volume_path(&self, vol: &Volume) -> CsiResult<PathBuf> {
@@ -327,14 +319,11 @@ impl Backend for LocalBackend {
     }
 
     async fn total_capacity(&self) -> CsiResult<u64> {
-        match self.capacity {
-            Some(c) => Ok(c),
-            None => self.free_bytes(),
-        }
+        Ok(self.capacity)
     }
 
     async fn free_bytes(&self) -> CsiResult<Option<u64>> {
-        LocalBackend::free_bytes(self).map(Some)
+        free_bytes(self.volumes.dir()).map(Some)
     }
 
     fn volume_topology(&self) -> Vec<BTreeMap<String, String>> {
@@ -698,7 +687,7 @@ mod tests {
     #[test]
     fn member_parameters_are_refused() {
         let tmp = tempfile::tempdir().unwrap();
-        let b = LocalBackend::new(tmp.path(), "n1", &[], Some(1 << 30)).unwrap();
+        let b = LocalBackend::new(tmp.path(), "n1", &[], 1 << 30).unwrap();
         let p = VolumeParams {
             member: Some("east".into()),
             member_namespace: Some("x".into()),
@@ -749,7 +738,7 @@ mod tests {
         fs::create_dir_all(volumes.join(&apart)).unwrap();
         fs::write(volumes.join(&apart).join("data"), b"kept").unwrap();
 
-        let b = LocalBackend::new(tmp.path(), "n1", &[], Some(1 << 30)).unwrap();
+        let b = LocalBackend::new(tmp.path(), "n1", &[], 1 << 30).unwrap();
         let mut left = b.premade_leftovers();
         left.sort();
         let mut expect = vec![lost.clone(), apart.clone(), unowned.clone()];

@@ -176,14 +176,14 @@ pub trait Backend: Send + Sync + 'static {
             .any(|o| segments.iter().all(|(k, v)| o.get(k) == Some(v)))
     }
 
-    /// GetCapacity from the backend's own knowledge; `None` means "total
-    /// capacity minus what this driver allocated".
     /// Bytes free right now where new volumes' data goes, when the backend
     /// knows (GetCapacity never offers more than this).
     async fn free_bytes(&self) -> CsiResult<Option<u64>> {
         Ok(None)
     }
 
+    /// GetCapacity from the backend's own knowledge; `None` means "total
+    /// capacity minus what this driver allocated".
     async fn capacity_for(
         &self,
         _params: &VolumeParams,

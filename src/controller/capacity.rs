@@ -1,7 +1,7 @@
 //! GetCapacity: what is left for new volumes, for the asked topology.
 
 use crate::capability::Capability;
-use crate::csi::{self, volume_capability::access_mode::Mode, volume_capability::AccessMode};
+use crate::csi;
 use crate::driver::Driver;
 use crate::error::CsiResult;
 use crate::params::{self, VolumeParams};
@@ -11,22 +11,7 @@ pub async fn get_capacity(
     req: csi::GetCapacityRequest,
 ) -> CsiResult<csi::GetCapacityResponse> {
     for cap in &req.volume_capabilities {
-        // external-provisioner's capacity tracking asks with access mode
-        // UNKNOWN on purpose (capacity does not depend on it, and the spec
-        // wants some capability): a mode that constrains nothing.
-        let unknown = cap
-            .access_mode
-            .as_ref()
-            .is_some_and(|m| m.mode() == Mode::Unknown);
-        if unknown {
-            let mut any = cap.clone();
-            any.access_mode = Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            });
-            Capability::from_wire(&any, "volume_capabilities")?;
-        } else {
-            Capability::from_wire(cap, "volume_capabilities")?;
-        }
+        Capability::check_access_type(cap, "volume_capabilities")?;
     }
     crate::validate::map(&req.parameters, "parameters")?;
     let typed: VolumeParams = params::decode(&req.parameters, "parameters")?;

@@ -457,7 +457,7 @@ mod tests {
 
     fn local_driver(dir: &std::path::Path) -> Driver {
         // Directories: the tests read the volumes' data names.
-        let backend = LocalBackend::new(dir, "n1", &[], Some(1 << 30))
+        let backend = LocalBackend::new(dir, "n1", &[], 1 << 30)
             .unwrap()
             .with_mount_default(crate::config::MountBacking::Directory);
         let config = DriverConfig {

@@ -111,22 +111,26 @@ pub fn registration(
         .and_then(|key| current.get(key))
         .filter(|v| !v.is_empty());
     // Read only where no label names the member: a label wins.
-    let annotated_member = match labelled_member {
-        Some(_) => None,
-        None => config
-            .member_annotation
-            .as_ref()
-            .and_then(|key| node.metadata.annotations.as_ref()?.get(key).map(|v| (key, v)))
-            .filter(|(_, v)| !v.is_empty())
-            .map(|(key, value)| {
-                // Any string may sit in an annotation; it becomes a label value.
-                check_value(value).map(|()| value).map_err(|reason| {
-                    ReconcileError::InvalidNode(format!(
-                        "node {name}: annotation {key}={value:?} cannot name its member cluster in label {member_key}: it {reason}"
-                    ))
-                })
-            })
-            .transpose()?,
+    let annotation = config
+        .member_annotation
+        .as_ref()
+        .filter(|_| labelled_member.is_none())
+        .and_then(|key| {
+            node.metadata
+                .annotations
+                .as_ref()?
+                .get(key)
+                .map(|v| (key, v))
+        })
+        .filter(|(_, v)| !v.is_empty());
+    let annotated_member = match annotation {
+        None => None,
+        // Any string may sit in an annotation; it becomes a label value.
+        Some((key, value)) => Some(check_value(value).map(|()| value).map_err(|reason| {
+            ReconcileError::InvalidNode(format!(
+                "node {name}: annotation {key}={value:?} cannot name its member cluster in label {member_key}: it {reason}"
+            ))
+        })?),
     };
     if let Some(value) = labelled_member
         .or(annotated_member)
