@@ -74,48 +74,39 @@ kill_hard() { # kill_hard NAME : SIGKILL, and wait until it is gone
 }
 SIDECARS=(relay-registrar relay-provisioner relay-attacher relay-resizer relay-snapshotter)
 
-kh create namespace $NS > /dev/null 2>&1
-kn apply -f - > /dev/null <<YAML
+claim_and_pod() { # claim_and_pod NAME SIZE fs|block COMMAND : a claim of the class and a pod using it
+  local name=$1 size=$2 mode=$3 cmd=$4 use
+  if [[ $mode == block ]]; then
+    use="volumeDevices: [{name: v, devicePath: /dev/xvda}]"
+  else
+    use="volumeMounts: [{name: v, mountPath: /data}]"
+  fi
+  kn apply -f - > /dev/null <<YAML
 apiVersion: v1
 kind: PersistentVolumeClaim
-metadata: {name: fs}
-spec: {accessModes: [ReadWriteOnce], storageClassName: $CLASS, resources: {requests: {storage: 64Mi}}}
----
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: blk}
-spec: {accessModes: [ReadWriteOnce], volumeMode: Block, storageClassName: $CLASS, resources: {requests: {storage: 32Mi}}}
+metadata: {name: $name}
+spec: {accessModes: [ReadWriteOnce], volumeMode: $([[ $mode == block ]] && echo Block || echo Filesystem), storageClassName: $CLASS, resources: {requests: {storage: $size}}}
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: writer}
+metadata: {name: $name}
 spec:
   nodeName: $KL_NODE
   terminationGracePeriodSeconds: 1
   automountServiceAccountToken: false
   containers:
-  - name: w
+  - name: c
     image: $IMAGE
     imagePullPolicy: IfNotPresent
-    command: [sh, -c, 'while true; do date >> /data/log; sleep 0.2; done']
-    volumeMounts: [{name: v, mountPath: /data}]
-  volumes: [{name: v, persistentVolumeClaim: {claimName: fs}}]
----
-apiVersion: v1
-kind: Pod
-metadata: {name: blockuser}
-spec:
-  nodeName: $KL_NODE
-  terminationGracePeriodSeconds: 1
-  automountServiceAccountToken: false
-  containers:
-  - name: b
-    image: $IMAGE
-    imagePullPolicy: IfNotPresent
-    command: [sh, -c, 'echo relay-block-data | dd of=/dev/xvda bs=512 conv=sync 2>/dev/null; sleep 100000']
-    volumeDevices: [{name: v, devicePath: /dev/xvda}]
-  volumes: [{name: v, persistentVolumeClaim: {claimName: blk}}]
+    command: [sh, -c, '$cmd']
+    $use
+  volumes: [{name: v, persistentVolumeClaim: {claimName: $name}}]
 YAML
+}
+
+kh create namespace $NS > /dev/null 2>&1
+claim_and_pod writer 64Mi fs 'while true; do date >> /data/log; sleep 0.2; done'
+claim_and_pod blockuser 32Mi block 'echo relay-block-data | dd of=/dev/xvda bs=512 conv=sync 2>/dev/null; sleep 100000'
 if waitfor 90 running writer && waitfor 90 running blockuser; then
   ok "filesystem and raw block pods Running"
 else
@@ -124,7 +115,7 @@ fi
 check "the writer's volume takes writes" grows writer
 block_reads() { [[ $(kn exec blockuser -- sh -c 'dd if=/dev/xvda bs=512 count=1 2>/dev/null | head -c 16') == relay-block-data ]]; }
 check "the block device holds what was written" block_reads
-PV_FS=$(kn get pvc fs -o jsonpath='{.spec.volumeName}')
+PV_FS=$(kn get pvc writer -o jsonpath='{.spec.volumeName}')
 
 # ---- 1. csi-relay SIGKILLed under running pods
 save csi-relay 0
@@ -152,27 +143,7 @@ supervise & SUPERVISOR=$!
 trap 'kill $SUPERVISOR 2>/dev/null' EXIT
 check "the writer still writes after csi-relay's restart" grows writer
 check "the block device still reads back" block_reads
-kn apply -f - > /dev/null <<YAML
-apiVersion: v1
-kind: PersistentVolumeClaim
-metadata: {name: after}
-spec: {accessModes: [ReadWriteOnce], storageClassName: $CLASS, resources: {requests: {storage: 16Mi}}}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: after}
-spec:
-  nodeName: $KL_NODE
-  terminationGracePeriodSeconds: 1
-  automountServiceAccountToken: false
-  containers:
-  - name: a
-    image: $IMAGE
-    imagePullPolicy: IfNotPresent
-    command: [sh, -c, 'echo after > /data/f; sleep 100000']
-    volumeMounts: [{name: v, mountPath: /data}]
-  volumes: [{name: v, persistentVolumeClaim: {claimName: after}}]
-YAML
+claim_and_pod after 16Mi fs 'echo after > /data/f; sleep 100000'
 check "a new claim and pod run through the restarted csi-relay" waitfor 90 running after
 
 # ---- 2. the kubelet SIGKILLed and started again
@@ -181,6 +152,9 @@ kill_hard kubelet
 start_saved kubelet 9 "$LAB/logs/kubelet.log"
 answers() { [[ $(curl -sf --max-time 2 "http://127.0.0.1:$((KL_PORT + 1))/healthz") == ok ]]; }
 check "the kubelet is back and answers" waitfor 60 answers
+# Its API port (exec, through the API server) opens after its health port.
+serves_exec() { kn exec writer -- true; }
+check "the new kubelet serves exec" waitfor 60 serves_exec
 check "the writer survived the kubelet's restart and still writes" grows writer
 check "the block pod still reads its device" block_reads
 # The kubelet's staging and target paths carry the PV's name.
@@ -193,7 +167,7 @@ gone() { [[ -z $(kn get pods -o name 2>/dev/null) ]]; }
 check "the pods are deleted (NodeUnpublish/NodeUnstage through the new kubelet)" waitfor 90 gone
 unmounted() { ! grep -q "$PV_FS" /proc/self/mountinfo; }
 check "nothing of the volume stays mounted" waitfor 30 unmounted
-kn delete pvc fs blk after --wait=false > /dev/null
+kn delete pvc writer blockuser after --wait=false > /dev/null
 no_pvs() { [[ -z $(kh get pv -o json | jq -r --arg ns $NS '.items[] | select(.spec.claimRef.namespace == $ns) | .metadata.name') ]]; }
 check "the claims' PVs are deleted" waitfor 90 no_pvs
 no_loops() { ! losetup -nl -O BACK-FILE | grep -qF "$RUN/relay-state/"; }
