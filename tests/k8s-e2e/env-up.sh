@@ -23,7 +23,7 @@
 # RUN_DIR (run on any failure here too).
 # Knobs: RELAY_BIN [repo's target/release/csi-relay], IMAGES_DIR
 # [$E2E_HOME/images], EXTRA_IMAGES_DIR (imported after, same names win: stand-ins), SNAPSHOT_CRDS [$E2E_HOME/snapshot-crds], RELAY_LOG
-# [csi_relay=debug], MEMBER [0], CAPACITY [1].
+# [csi_relay=debug], MEMBER [0], CAPACITY [1], MAX_VOLUMES [24].
 set -Eeuo pipefail
 RUN=${1:?usage: env-up.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -35,6 +35,10 @@ IMAGES_DIR=${IMAGES_DIR:-$E2E_HOME/images}
 SNAPSHOT_CRDS=${SNAPSHOT_CRDS:-$E2E_HOME/snapshot-crds}
 RELAY_LOG=${RELAY_LOG:-csi_relay=debug}
 MEMBER=${MEMBER:-0}
+# The node's attach limit (NodeGetInfo max_volumes_per_node -> CSINode
+# allocatable), which volumeLimits checks by filling it. Room for the parallel
+# shards of run.sh at once (each holds at most a few volumes).
+MAX_VOLUMES=${MAX_VOLUMES:-24}
 B=$E2E_HOME/bin
 mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
 LAB=$RUN/lab
@@ -124,7 +128,7 @@ SOCKDIR=$LAB/kubelet/plugins/$DRIVER; SOCK=$SOCKDIR/csi.sock
 mkdir -p "$SOCKDIR" "$RUN/relay-state"
 RUST_LOG=$RELAY_LOG lab kl_start csi-relay "$LAB/logs/csi-relay.log" "$RELAY_BIN" serve \
   --mode all --backend local --driver-name $DRIVER --node-id $KL_NODE \
-  --state-dir "$RUN/relay-state" --endpoint "unix://$SOCK"
+  --max-volumes-per-node "$MAX_VOLUMES" --state-dir "$RUN/relay-state" --endpoint "unix://$SOCK"
 waitfor 30 "csi-relay socket $SOCK" test -S "$SOCK"
 lab kl_start relay-registrar "$LAB/logs/relay-registrar.log" "$B/csi-node-driver-registrar" --csi-address="$SOCK" \
   --kubelet-registration-path="$SOCK" --plugin-registration-path="$KL_REGISTRATION_DIR" -v=3
