@@ -1,5 +1,5 @@
 //! csi-relay under a real kubelet, judged by Kubernetes' own storage e2e
-//! suite: `tests/k8s-e2e/env-up.sh` adds to the shared environment's host
+//! suite: `tests/k8s-e2e/env-up.sh` adds to the two-cluster environment's host
 //! cluster a kubelet node (its own containerd, the e2e images imported) on
 //! which this build of csi-relay runs as node plugin and controller (local
 //! backend), registered through node-driver-registrar, with the stock
@@ -15,7 +15,7 @@
 //!   running pods and started again; pods keep their volumes, teardown is
 //!   clean.
 //!
-//! Runs when the shared environment is up (RELAY_E2E_*) with the kubelet
+//! Runs when the two-cluster environment is up (RELAY_E2E_*) with the kubelet
 //! client flags of `tests/k8s-e2e/apiserver-extra.sh`, and E2E_HOME holds
 //! the kubelet, `e2e.test`, the snapshotter and the images; prints
 //! "skipped" otherwise.
@@ -52,7 +52,7 @@ fn prerequisites() -> Result<PathBuf, String> {
             ));
         }
     }
-    for dir in ["kubelet", "images", "snapshot-crds"] {
+    for dir in ["images", "snapshot-crds"] {
         if !e2e_home.join(dir).is_dir() {
             return Err(format!("$E2E_HOME/{dir} missing"));
         }

@@ -34,7 +34,7 @@ use e2e_support::{attached_va, client, eventually, phase as rv_phase, relay_made
 
 const DRIVER: &str = "relay.csi.dev";
 
-/// The shared environment, and what only this test needs: a virtual node
+/// The two-cluster environment, and what only this test needs: a virtual node
 /// and the host sidecars' binaries.
 struct Env {
     shared: e2e_support::Env,

@@ -38,18 +38,6 @@ fi
 
 # ---------- 3. kubelet node + scheduler ----------
 if [[ -d $LAB/state || -d $LAB/pids ]]; then
-  # kubelet-node-down.sh removes /var/log/{pods,containers} entries that appeared since node-up,
-  # assuming no other kubelet on the machine. Another one runs here: keep every entry that is not
-  # a pod of this host cluster.
-  if [[ -f $LAB/state/var-log.before ]]; then
-    mine=""; api_up && mine=$(kh get pods -A -o jsonpath='{range .items[*]}{.metadata.uid}{"\n"}{end}')
-    for l in /var/log/pods/* /var/log/containers/*; do
-      [[ -e $l || -L $l ]] || continue
-      t=$l; [[ -L $l ]] && t=$(readlink "$l")
-      uid=$(sed -n 's|^/var/log/pods/[^/_]*_[^/_]*_\([0-9a-f-]*\).*|\1|p' <<< "$t")
-      if [[ -z $uid ]] || ! grep -qxF "$uid" <<< "$mine"; then basename "$l" >> "$LAB/state/var-log.before"; fi
-    done
-  fi
   if api_up; then "$KL/kubelet-node-down.sh" "$LAB" "$HKC" "$NODE" > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1
   else "$KL/kubelet-node-down.sh" "$LAB" > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1; fi
   ts "kubelet node and scheduler down ($(tail -1 "$RUN/logs/kubelet-node-down.log"))"
@@ -64,7 +52,7 @@ fi
 # ---------- 4. control planes ----------
 for c in "$HOST" "$MEMBER"; do
   if [[ -d $E2E_HOME/run/$c/pids ]]; then
-    "$E2E_HOME/cluster-down.sh" "$c" --wipe > "$RUN/logs/cluster-down-$c.log" 2>&1 || rc=1
+    "$E2E_ENV/cluster-down.sh" "$c" --wipe > "$RUN/logs/cluster-down-$c.log" 2>&1 || rc=1
     mkdir -p "$RUN/logs/$c"; cp -r "$E2E_HOME/run/$c/logs/." "$RUN/logs/$c/" 2>/dev/null
     rm -rf -- "${E2E_HOME:?}/run/$c" "$E2E_HOME/run/$c.kubeconfig"
   fi

@@ -1,10 +1,11 @@
 # lib.sh: names, ports and helpers of tests/deploy-kit/{up,check,down}.sh (sourced; needs RUN set).
 # Everything here is overridable from the environment.
-E2E_HOME=${E2E_HOME:-/root/e2e}; export E2E_HOME
+: "${E2E_HOME:?set E2E_HOME (bin/, images/: tests/e2e-env/README.md)}"; export E2E_HOME
 KIT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$KIT/../.." && pwd)
 export PATH=$E2E_HOME/bin:$PATH
-KL=$E2E_HOME/kubelet
+E2E_ENV=$REPO/tests/e2e-env                # cluster-up.sh, kubelet/
+KL=$E2E_ENV/kubelet
 HOST=${KIT_HOST:-deploykit}                 # host control plane: cluster-up.sh NAME
 HOST_PORT=${KIT_HOST_PORT:-19443}           # .. its ports PORT..PORT+3
 MEMBER=${KIT_MEMBER:-deploykit-member}      # member control plane (no kubelet: static hostPath PVs)

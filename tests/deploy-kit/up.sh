@@ -48,39 +48,25 @@ ts "image ready: $IMAGE_TAR"
 # to the kubelet at the Node's InternalIP 127.0.0.1 (PKI is made before the API server starts).
 P=$E2E_HOME/run/$HOST/pki
 APISERVER_EXTRA="--kubelet-preferred-address-types=InternalIP --kubelet-client-certificate=$P/admin.crt --kubelet-client-key=$P/admin.key" \
-  nice "$E2E_HOME/cluster-up.sh" "$HOST" "$HOST_PORT" > "$RUN/logs/cluster-up-host.log" 2>&1 &
+  nice "$E2E_ENV/cluster-up.sh" "$HOST" "$HOST_PORT" > "$RUN/logs/cluster-up-host.log" 2>&1 &
 h=$!
-APISERVER_EXTRA="" nice "$E2E_HOME/cluster-up.sh" "$MEMBER" "$MEMBER_PORT" > "$RUN/logs/cluster-up-member.log" 2>&1 &
+APISERVER_EXTRA="" nice "$E2E_ENV/cluster-up.sh" "$MEMBER" "$MEMBER_PORT" > "$RUN/logs/cluster-up-member.log" 2>&1 &
 m=$!
 wait $h || { cat "$RUN/logs/cluster-up-host.log"; die "cluster-up $HOST"; }
 wait $m || { cat "$RUN/logs/cluster-up-member.log"; die "cluster-up $MEMBER"; }
 ts "control planes up: $HOST :$HOST_PORT, $MEMBER :$MEMBER_PORT"
 
 # ---------- kubelet node ----------
-# Bidirectional mount propagation (the node plugin's kubelet-dir mount) needs the kubelet root
-# dir on a shared mount; / is private here, so LAB_DIR is bound onto itself and made rshared.
-mkdir -p "$LAB"
-mount --bind "$LAB" "$LAB"
-mount --make-rshared "$LAB"
 export BIN_DIR=$E2E_HOME/bin NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
-# The kubelet's pod log dirs are hard-wired (/var/log/pods, /var/log/containers in v1.28), and
-# every kubelet's container GC deletes the /var/log/pods dirs of pods it does not know: two
-# kubelets on one machine delete each other's pod logs, and a container whose log dir is gone
-# cannot be (re)started. So this node's containerd and kubelet run in a mount namespace of
-# their own where those two dirs are RUN_DIR/var-log/{pods,containers}; everything else is the
-# host's, and LAB_DIR (rshared) stays one peer group, so CSI mounts propagate both ways.
-mkdir -p "$RUN/var-log/pods" "$RUN/var-log/containers" /var/log/pods /var/log/containers
+# POD_LOG_DIR: this node's containerd and kubelet get /var/log/{pods,containers} of their own
+# (another kubelet may run on this machine), and LAB_DIR becomes an rshared mount, which the node
+# plugin's Bidirectional kubelet-dir mount needs (/ is private here).
 node_up() {
-  env CTRD_STATE="$CTRD_STATE" \
+  env CTRD_STATE="$CTRD_STATE" POD_LOG_DIR="$RUN/var-log" \
     HTTPS_PROXY=$PULL_PROXY HTTP_PROXY=$PULL_PROXY https_proxy=$PULL_PROXY http_proxy=$PULL_PROXY \
-    nice unshare --mount --propagation unchanged -- sh -c \
-      'mount --bind "$0/pods" /var/log/pods && mount --bind "$0/containers" /var/log/containers && exec "$@"' \
-      "$RUN/var-log" "$KL/kubelet-node-up.sh" "$HKC" "$NODE" "$KL_PORT" "$LAB" >> "$RUN/logs/kubelet-node-up.log" 2>&1
+    nice "$KL/kubelet-node-up.sh" "$HKC" "$NODE" "$KL_PORT" "$LAB" >> "$RUN/logs/kubelet-node-up.log" 2>&1
 }
-if ! node_up; then
-  echo "kubelet-node-up.sh failed ($(tail -1 "$RUN/logs/kubelet-node-up.log")); once more (known SIGPIPE flake)"
-  node_up || { tail -20 "$RUN/logs/kubelet-node-up.log"; die "kubelet-node-up"; }
-fi
+node_up || { tail -20 "$RUN/logs/kubelet-node-up.log"; die "kubelet-node-up"; }
 source "$LAB/node.env"
 # After the node: a failed kubelet-node-up.sh stops every process recorded in LAB_DIR/pids
 # (its ERR trap runs kubelet-node-down.sh), the scheduler included.

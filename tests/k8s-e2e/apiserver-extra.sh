@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# apiserver-extra.sh PKI_DIR: prints the APISERVER_EXTRA the shared env's
+# apiserver-extra.sh PKI_DIR: prints the APISERVER_EXTRA the two-cluster
 # env-up.sh must be started with so that the API server can reach a kubelet
 # on 127.0.0.1 (kubectl exec/logs/port-forward, which the e2e suite uses):
 #   export APISERVER_EXTRA="$(tests/k8s-e2e/apiserver-extra.sh /some/dir/pki)"
-#   "$E2E_HOME/e2e/env-up.sh"
+#   tests/e2e-env/env-up.sh
 # Why its own CA: env-up.sh starts host and member in parallel with the same
 # APISERVER_EXTRA, and on a fresh machine neither cluster's PKI exists before
 # its cluster-up.sh makes it. So this makes (once, kept across runs) a small CA

@@ -6,13 +6,13 @@
 # (drained) with every process recorded under RUN_DIR/lab (csi-relay and the
 # sidecars, snapshot-controller, kube-scheduler; by recorded PID), the objects
 # env-up made, the fake node's taint; last anything still mounted or attached
-# to a loop device under RUN_DIR, and the relay's state. The shared
+# to a loop device under RUN_DIR, and the relay's state. The two-cluster
 # environment stays up. Exit status 1 if something was left behind.
 set -uo pipefail
 RUN=${1:?usage: env-down.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 [[ -d $RUN ]] || exit 0
 RUN=$(cd "$RUN" && pwd); LAB=$RUN/lab
@@ -48,6 +48,18 @@ fi
 if [[ -d $LAB ]]; then
   # drains the node (NodeUnpublish/Unstage, detach) and stops every process in $LAB/pids
   "$KL/kubelet-node-down.sh" "$LAB" "$HOST_KUBECONFIG" $KL_NODE > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1
+fi
+# Part (b)'s member node after the host's: the relay's node plugin, drained
+# with host-kl-1, unwinds its mounts through this node's hostpath.
+if [[ -d $RUN/member-lab ]]; then
+  if km get --raw /readyz > /dev/null 2>&1; then
+    "$KL/kubelet-node-down.sh" "$RUN/member-lab" "$MEMBER_KUBECONFIG" $M_KL_NODE > "$RUN/logs/member-node-down.log" 2>&1 || rc=1
+    km delete storageclass $M_KL_CLASS $M_KL_CLASS-wffc --ignore-not-found > /dev/null 2>&1
+    km delete csidriver $M_KL_DRIVER --ignore-not-found > /dev/null 2>&1
+    km taint node "$MEMBER_NODE" "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true
+  else
+    "$KL/kubelet-node-down.sh" "$RUN/member-lab" > "$RUN/logs/member-node-down.log" 2>&1 || rc=1
+  fi
 fi
 if kh get --raw /readyz > /dev/null 2>&1; then
   kh delete volumesnapshotclass $SNAPCLASS $MEMBER_SNAPCLASS --ignore-not-found > /dev/null 2>&1

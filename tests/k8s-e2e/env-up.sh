@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# env-up.sh RUN_DIR: adds to the running shared two-cluster environment
-# (shared/e2e-env, $E2E_HOME/e2e/env-up.sh) what the Kubernetes "External
+# env-up.sh RUN_DIR: adds to the running two-cluster environment
+# (tests/e2e-env/env-up.sh) what the Kubernetes "External
 # Storage" e2e suite (tests/k8s-e2e/run.sh) needs, all in the HOST cluster:
 #   - a kube-scheduler and a real kubelet node "host-kl-1" with its own
 #     containerd and the e2e images imported (no registry is ever contacted);
@@ -14,9 +14,11 @@
 #     snapshot CRDs; the CSIDriver (deploy/csidriver.yaml's spec),
 #     StorageClasses relay-local (Immediate) and relay-local-wffc, and a
 #     VolumeSnapshotClass.
-#   - with MEMBER=1 also part (b): csi-relay --backend member (controller +
-#     node plugin on host-kl-1) as member.relay.csi.dev, class relay-member.
-# Pre-condition: the shared env was started with the APISERVER_EXTRA that
+#   - with MEMBER=1 also part (b) (member-up.inc.sh): in the member cluster a
+#     kube-scheduler and a kubelet node member-kl-1 with hostpath as the member
+#     storage; csi-relay --backend member (controller + node plugin on
+#     host-kl-1) as member.relay.csi.dev, class relay-member.
+# Pre-condition: the two-cluster env was started with the APISERVER_EXTRA that
 # apiserver-extra.sh prints (exec/logs; refused otherwise unless
 # K8SE2E_NO_EXEC=1). Writes RUN_DIR/env.sh. Starts binaries from
 # $E2E_HOME/bin and RELAY_BIN only; builds nothing. Undo with env-down.sh
@@ -28,7 +30,7 @@ set -Eeuo pipefail
 RUN=${1:?usage: env-up.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 RELAY_BIN=$(readlink -f "${RELAY_BIN:-$HERE/../../target/release/csi-relay}")
 IMAGES_DIR=${IMAGES_DIR:-$E2E_HOME/images}
@@ -59,8 +61,8 @@ CLIENT_CRT=$(tr '\0' '\n' < /proc/$apid/cmdline | sed -n 's/^--kubelet-client-ce
 if [[ -z $CLIENT_CRT ]] || ! tr '\0' '\n' < /proc/$apid/cmdline | grep -qx -- '--kubelet-preferred-address-types=InternalIP'; then
   if [[ ${K8SE2E_NO_EXEC:-0} != 1 ]]; then
     echo "the host API server runs without --kubelet-client-certificate/--kubelet-preferred-address-types=InternalIP:" >&2
-    echo "  kubectl exec/logs (which the e2e suite needs) cannot work. Restart the shared env with" >&2
-    echo "  export APISERVER_EXTRA=\"\$($HERE/apiserver-extra.sh $RUN/../pki)\"; \$E2E_HOME/e2e/env-down.sh; \$E2E_HOME/e2e/env-up.sh" >&2
+    echo "  kubectl exec/logs (which the e2e suite needs) cannot work. Restart the two-cluster env with" >&2
+    echo "  export APISERVER_EXTRA=\"\$($HERE/apiserver-extra.sh $RUN/../pki)\"; $E2E_ENV/env-down.sh; $E2E_ENV/env-up.sh" >&2
     echo "  (or set K8SE2E_NO_EXEC=1 to go on without exec/logs)" >&2
     exit 2
   fi
@@ -84,14 +86,7 @@ node_up() {
     HTTPS_PROXY=$K8SE2E_PROXY HTTP_PROXY=$K8SE2E_PROXY https_proxy=$K8SE2E_PROXY http_proxy=$K8SE2E_PROXY \
     "$KL/kubelet-node-up.sh" "$HOST_KUBECONFIG" $KL_NODE $KL_PORT "$LAB" > "$RUN/logs/kubelet-node-up.log" 2>&1
 }
-# Tried twice: the script's image check (`ctr images ls -q | grep -qx`, under
-# pipefail) fails now and then when grep's early exit hits ctr with SIGPIPE.
-if ! node_up; then
-  echo "kubelet-node-up.sh failed ($(tail -1 "$RUN/logs/kubelet-node-up.log")); once more" >&2
-  "$KL/kubelet-node-down.sh" "$LAB" "$HOST_KUBECONFIG" $KL_NODE > "$RUN/logs/kubelet-node-down-retry.log" 2>&1 || true
-  "$KL/kube-scheduler-up.sh" "$HOST_KUBECONFIG" $SCHED_PORT "$LAB" > "$RUN/logs/scheduler-up.log" 2>&1
-  node_up
-fi
+node_up
 source "$LAB/node.env"
 # No node lifecycle controller in the env: lift the kubelet's not-ready taint.
 kh taint node $KL_NODE node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true

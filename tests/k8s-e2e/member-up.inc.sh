@@ -1,22 +1,40 @@
 # member-up.inc.sh: part (b) of env-up.sh (sourced by it when MEMBER=1; uses its
-# variables and helpers). csi-relay with --backend member as driver
-# member.relay.csi.dev: a controller (--mode controller) for member cluster
-# "member1" = the shared env's member, and a node plugin on host-kl-1
-# (--mode node) that proxies to the member storage's own node plugin: the
-# env's hostpath (hostpath.csi.k8s.io, node id member-node-1, attach
-# required), reachable on this machine at $MEMBER_HOSTPATH_SOCK and found
-# through --plugins-dir RUN_DIR/member-plugins/<driver>/csi.sock (a symlink).
-# host-kl-1 is mapped to member node member-node-1 by the labels
-# topology.relay.csi.dev/member(-node). Class relay-member: member1's
-# member-hostpath (Immediate).
+# variables and helpers).
+#   - The member cluster gets a kube-scheduler and a real kubelet node
+#     member-kl-1 (own containerd and pod log dirs: host-kl-1 runs beside it)
+#     with csi-driver-host-path as driver hostpath.kl.csi.k8s.io (node plugin
+#     registered through node-driver-registrar; provisioner, attacher,
+#     resizer) and class kl-hostpath: the member storage
+#     (tests/e2e-env/storage-node-up.sh). The env's fake member-node-1 gets
+#     no scheduled pods.
+#   - csi-relay with --backend member as driver member.relay.csi.dev: a
+#     controller (--mode controller) for member cluster "member1" = the env's
+#     member, and a node plugin on host-kl-1 (--mode node) that proxies to the
+#     member-kl-1 hostpath's node plugin, found through --plugins-dir
+#     RUN_DIR/member-plugins/<driver>/csi.sock (a symlink to its socket).
+#     host-kl-1 maps to member node member-kl-1 by the labels
+#     topology.relay.csi.dev/member(-node). Class relay-member: member1's
+#     kl-hostpath (Immediate).
+MLAB=$RUN/member-lab
+# The kubelet changes three sysctls and each node-down puts back what its
+# node-up found: this node starts second, so it gets the first one's record of
+# the originals (whichever goes down last must not restore the kubelet's values).
+mkdir -p "$MLAB/state"; cp "$LAB/state/sysctl.orig" "$MLAB/state/sysctl.orig"
+POD_LOG_DIR=$RUN/member-var-log CTRD_STATE=$M_KL_CTRD_STATE KUBELET_CLIENT_CA="$RUN/kubelet-client-ca-bundle.crt" \
+  HTTPS_PROXY=$K8SE2E_PROXY HTTP_PROXY=$K8SE2E_PROXY https_proxy=$K8SE2E_PROXY http_proxy=$K8SE2E_PROXY \
+  FAKE_NODES=$MEMBER_NODE FAKE_TAINT=$FAKE_TAINT DRIVER=$M_KL_DRIVER CLASS=$M_KL_CLASS \
+  "$E2E_ENV/storage-node-up.sh" "$MEMBER_KUBECONFIG" $M_KL_NODE $M_KL_PORT $M_SCHED_PORT "$MLAB" \
+  > "$RUN/logs/member-storage-node-up.log" 2>&1
+ts "member: scheduler, kubelet node $M_KL_NODE with $M_KL_DRIVER, class $M_KL_CLASS"
+M_SOCK=$MLAB/kubelet/plugins/$M_KL_DRIVER/csi.sock
 [[ -x $B/csi-resizer ]] || { echo "missing $B/csi-resizer" >&2; false; }
 MSTATE=$RUN/member-state
-mkdir -p "$MSTATE/controller" "$MSTATE/node" "$RUN/member-plugins/$MEMBER_CSI_DRIVER"
-ln -sfn "$MEMBER_HOSTPATH_SOCK" "$RUN/member-plugins/$MEMBER_CSI_DRIVER/csi.sock"
+mkdir -p "$MSTATE/controller" "$MSTATE/node" "$RUN/member-plugins/$M_KL_DRIVER"
+ln -sfn "$M_SOCK" "$RUN/member-plugins/$M_KL_DRIVER/csi.sock"
 "$RELAY_BIN" crd | kh apply -f - > /dev/null
 kh wait --for=condition=Established crd --all --timeout=60s > /dev/null
 kh label node $KL_NODE --overwrite topology.relay.csi.dev/member=member1 \
-  topology.relay.csi.dev/member-node=$MEMBER_NODE > /dev/null
+  topology.relay.csi.dev/member-node=$M_KL_NODE > /dev/null
 MCSOCK=$RUN/member-controller.sock
 MNSOCKDIR=$LAB/kubelet/plugins/$MEMBER_DRIVER; MNSOCK=$MNSOCKDIR/csi.sock
 mkdir -p "$MNSOCKDIR"
@@ -55,7 +73,7 @@ reclaimPolicy: Delete
 allowVolumeExpansion: true
 parameters:
   member: member1
-  memberStorageClass: $MEMBER_STORAGE_CLASS
+  memberStorageClass: $M_KL_CLASS
   createMemberNamespace: "true"
 YAML
 kh apply -f "$RUN/manifests/relay-member.yaml" > /dev/null

@@ -6,7 +6,7 @@ set -Eeuo pipefail
 RUN=${1:?usage: member-up.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 RUN=$(cd "$RUN" && pwd); LAB=$RUN/lab
 [[ -s $RUN/env.sh ]] || { echo "run env-up.sh $RUN first" >&2; exit 2; }

@@ -15,7 +15,7 @@ set -uo pipefail
 RUN=${1:?usage: restarts.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 RUN=$(cd "$RUN" && pwd)
 source "$RUN/env.sh"

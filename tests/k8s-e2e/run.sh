@@ -16,7 +16,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 YAML=$(readlink -f "${2:-$HERE/local.yaml}")
 MODE=${3:-sharded}
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 RUN=$(cd "$RUN" && pwd)
 [[ -s $RUN/env.sh ]] || { echo "$RUN/env.sh missing: run env-up.sh $RUN first" >&2; exit 2; }

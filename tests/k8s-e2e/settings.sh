@@ -1,5 +1,6 @@
 # Names and ports of tests/k8s-e2e/env-up.sh (sourced; see there).
-KL=$E2E_HOME/kubelet
+E2E_ENV=$(cd "$(dirname "${BASH_SOURCE[0]}")/../e2e-env" && pwd)   # the two-cluster environment
+KL=$E2E_ENV/kubelet                   # kubelet node scripts
 KL_NODE=host-kl-1                     # real kubelet node in the HOST cluster
 KL_PORT=10360                         # its https port (+1: healthz); tests/kosmos uses 10350
 SCHED_PORT=19457                      # host kube-scheduler (https healthz, 127.0.0.1)
@@ -11,7 +12,14 @@ CLASS_WFFC=relay-local-wffc           # same, WaitForFirstConsumer
 MEMBER_CLASS=relay-member             # StorageClass of MEMBER_DRIVER
 SNAPCLASS=relay-local-snap            # VolumeSnapshotClass of DRIVER
 MEMBER_SNAPCLASS=relay-member-snap
-FAKE_TAINT=relay.csi.dev/e2e-fake-node=true:NoSchedule   # on the env's fake host-node-1
+FAKE_TAINT=relay.csi.dev/e2e-fake-node=true:NoSchedule   # on the env's fake host-node-1 (and member-node-1 with MEMBER=1)
+# Part (b), MEMBER=1: the member cluster's own kubelet node, whose hostpath is the member storage.
+M_KL_NODE=member-kl-1                 # real kubelet node in the MEMBER cluster
+M_KL_PORT=10364                       # its https port (+1: healthz)
+M_SCHED_PORT=19458                    # member kube-scheduler
+M_KL_CTRD_STATE=/run/k8se2e-m-containerd
+M_KL_DRIVER=hostpath.kl.csi.k8s.io    # csi-driver-host-path on member-kl-1
+M_KL_CLASS=kl-hostpath                # its member StorageClass (Immediate)
 # Pulls must never leave the machine: every image is imported, and the
 # kubelet's containerd (and e2e.test) get a proxy on a closed loopback port,
 # so a pull of a missing image fails at once instead of reaching out.

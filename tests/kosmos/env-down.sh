@@ -2,12 +2,12 @@
 # env-down.sh RUN_DIR: undoes tests/kosmos/env-up.sh (also a partial one):
 # Kosmos first (so it mirrors nothing more), then the member kubelet node
 # (drained, so the CSI calls unwind), member2, the fake node's taint. Every
-# process by its recorded PID. The shared environment stays up.
+# process by its recorded PID. The two-cluster environment stays up.
 set -uo pipefail
 RUN=${1:?usage: env-down.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 [[ -d $RUN ]] || exit 0
 rc=0
@@ -34,7 +34,7 @@ fi
 km taint node member-node-1 "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true
 km delete storageclass $KL_CLASS $KL_CLASS-wffc --ignore-not-found > /dev/null 2>&1 || true
 stop_all "$RUN/member2"
-"$E2E_HOME/cluster-down.sh" member2 --wipe > "$RUN/logs/cluster-down-member2.log" 2>&1 || rc=1
+"$E2E_ENV/cluster-down.sh" member2 --wipe > "$RUN/logs/cluster-down-member2.log" 2>&1 || rc=1
 left=$(awk '{print $5}' /proc/self/mountinfo | grep -F "$RUN" || true)
 [[ -z $left ]] || { echo "mounts left under $RUN: $left" >&2; rc=1; }
 exit $rc

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# env-up.sh RUN_DIR: adds to the running shared two-cluster environment
-# (shared/e2e-env, $E2E_HOME/e2e/env-up.sh) what tests/kosmos_e2e.rs needs:
+# env-up.sh RUN_DIR: adds to the running two-cluster environment
+# (tests/e2e-env/env-up.sh) what tests/kosmos_e2e.rs needs:
 #   - in member cluster "member" (Kosmos Cluster "member1"): a kube-scheduler
 #     and a real kubelet node "member-kl-1" with its own containerd, running the
 #     hostpath CSI driver under the name hostpath.kl.csi.k8s.io (node plugin
@@ -18,7 +18,7 @@ set -Eeuo pipefail
 RUN=${1:?usage: env-up.sh RUN_DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
-source "$E2E_HOME/e2e/env.sh"
+source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 mkdir -p "$RUN"; RUN=$(cd "$RUN" && pwd)
 mkdir -p "$RUN/logs" "$RUN/hostlab/pids" "$RUN/member2/pids" "$RUN/manifests"
@@ -30,40 +30,14 @@ done
 [[ -d $E2E_HOME/kosmos-crds ]] || { echo "missing $E2E_HOME/kosmos-crds (Kosmos deploy/crds)" >&2; exit 2; }
 
 # member2: its control plane, in the background while member1's node starts.
-"$E2E_HOME/cluster-up.sh" member2 $MEMBER2_PORT > "$RUN/logs/cluster-up-member2.log" 2>&1 &
+"$E2E_ENV/cluster-up.sh" member2 $MEMBER2_PORT > "$RUN/logs/cluster-up-member2.log" 2>&1 &
 m2=$!
 
-# member1: the fake member-node-1 of the shared env gets no scheduled pods
-# (Kosmos clears a mirrored pod's nodeName, the member scheduler places it).
-km taint node member-node-1 $FAKE_TAINT --overwrite > /dev/null
-export BIN_DIR=$E2E_HOME/bin CSI_BIN_DIR=$E2E_HOME/bin
-"$KL/kube-scheduler-up.sh" "$MEMBER_KUBECONFIG" $SCHED_PORT "$RUN/lab" > "$RUN/logs/scheduler-up.log" 2>&1
-# Tried twice: the script's image check (`ctr images ls -q | grep -qx`,
-# under pipefail) fails now and then when grep's early exit hits ctr
-# with SIGPIPE (exit 141).
-if ! "$KL/kubelet-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT "$RUN/lab" > "$RUN/logs/kubelet-node-up.log" 2>&1; then
-  echo "kubelet-node-up.sh failed ($(tail -1 "$RUN/logs/kubelet-node-up.log")); once more" >&2
-  "$KL/kubelet-node-down.sh" "$RUN/lab" "$MEMBER_KUBECONFIG" $KL_NODE > "$RUN/logs/kubelet-node-down-retry.log" 2>&1 || true
-  "$KL/kube-scheduler-up.sh" "$MEMBER_KUBECONFIG" $SCHED_PORT "$RUN/lab" > "$RUN/logs/scheduler-up.log" 2>&1
-  "$KL/kubelet-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT "$RUN/lab" > "$RUN/logs/kubelet-node-up.log" 2>&1
-fi
-# The shared env runs no node lifecycle controller, which would lift the
-# kubelet's not-ready taint once the node is Ready.
-km taint node $KL_NODE node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true
-DRIVER=$KL_DRIVER SC_NAME=$KL_CLASS-wffc "$KL/csi-hostpath-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE "$RUN/lab" > "$RUN/logs/csi-hostpath-up.log" 2>&1
-( LAB=$RUN/lab; source "$KL/kl-lib.sh"
-  kl_start csi-resizer "$LAB/logs/csi-resizer.log" "$E2E_HOME/bin/csi-resizer" \
-    --csi-address="$LAB/kubelet/plugins/$KL_DRIVER/csi.sock" --kubeconfig="$MEMBER_KUBECONFIG" \
-    --leader-election=false -v=3 )
-km apply -f - > /dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: $KL_CLASS}
-provisioner: $KL_DRIVER
-volumeBindingMode: Immediate
-reclaimPolicy: Delete
-allowVolumeExpansion: true
-YAML
+# member1: a scheduler and a real kubelet node with hostpath; the fake
+# member-node-1 of the two-cluster env gets no scheduled pods (Kosmos clears a
+# mirrored pod's nodeName, the member scheduler places it).
+FAKE_NODES=member-node-1 FAKE_TAINT=$FAKE_TAINT DRIVER=$KL_DRIVER CLASS=$KL_CLASS \
+  "$E2E_ENV/storage-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT $SCHED_PORT "$RUN/lab" > "$RUN/logs/storage-node-up.log" 2>&1
 ts "member1: scheduler, kubelet node $KL_NODE with $KL_DRIVER, class $KL_CLASS"
 
 wait $m2 || { tail -5 "$RUN/logs/cluster-up-member2.log" >&2; false; }

@@ -1,5 +1,6 @@
 # Names and ports of tests/kosmos/env-up.sh (sourced; see there).
-KL=$E2E_HOME/kubelet
+E2E_ENV=$(cd "$(dirname "${BASH_SOURCE[0]}")/../e2e-env" && pwd)   # the two-cluster environment
+KL=$E2E_ENV/kubelet                   # kubelet node scripts
 KL_NODE=member-kl-1                   # real kubelet node in member1
 KL_PORT=10350                         # its https port (+1: healthz)
 SCHED_PORT=19447                      # member1 kube-scheduler
