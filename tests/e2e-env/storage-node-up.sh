@@ -24,17 +24,5 @@ for n in ${FAKE_NODES:-}; do k taint node "$n" "$FAKE_TAINT" --overwrite > /dev/
 "$KL/kubelet-node-up.sh" "$KC" "$NODE" "$PORT" "$LAB"
 # No node lifecycle controller runs in these clusters to lift the kubelet's not-ready taint.
 k taint node "$NODE" node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true
-DRIVER=$DRIVER SC_NAME=$CLASS-wffc "$KL/csi-hostpath-up.sh" "$KC" "$NODE" "$LAB"
-( source "$KL/kl-lib.sh"
-  kl_start csi-resizer "$LAB/logs/csi-resizer.log" "$CSI_BIN_DIR/csi-resizer" \
-    --csi-address="$LAB/kubelet/plugins/$DRIVER/csi.sock" --kubeconfig="$KC" --leader-election=false -v=3 )
-k apply -f - > /dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: $CLASS}
-provisioner: $DRIVER
-volumeBindingMode: Immediate
-reclaimPolicy: Delete
-allowVolumeExpansion: true
-YAML
+DRIVER=$DRIVER CLASS=$CLASS "$KL/csi-hostpath-up.sh" "$KC" "$NODE" "$LAB"
 echo "storage node $NODE: scheduler :$SCHED_PORT, kubelet :$PORT, $DRIVER (classes $CLASS, $CLASS-wffc)"
