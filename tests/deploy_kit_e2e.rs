@@ -16,39 +16,16 @@ mod common;
 mod e2e_support;
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use e2e_support::ScriptedEnv;
 
 fn prerequisites() -> Result<PathBuf, String> {
-    let e2e_home = PathBuf::from(std::env::var("E2E_HOME").map_err(|_| "no E2E_HOME")?);
-    for bin in [
-        "kube-apiserver",
-        "kubelet",
-        "kube-scheduler",
-        "pause",
-        "kubectl",
-    ] {
-        if !e2e_home.join("bin").join(bin).is_file() {
-            return Err(format!("no kubelet node: {bin} missing in $E2E_HOME/bin"));
-        }
-    }
+    let e2e_home =
+        e2e_support::kubelet_node_home(&["kube-apiserver", "kubectl"], &["buildah", "curl", "ss"])?;
     let images = std::fs::read_to_string(e2e_home.join("images/images.txt"))
         .map_err(|_| "no sidecar images: $E2E_HOME/images/images.txt missing")?;
     if !images.contains("csi-node-driver-registrar") || !images.contains("csi-provisioner") {
         return Err("no sidecar images under deploy/'s names in $E2E_HOME/images".into());
-    }
-    for tool in ["buildah", "containerd", "curl", "ss"] {
-        let found = Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !found {
-            return Err(format!("{tool} is not installed"));
-        }
-    }
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("a kubelet node needs root".into());
     }
     Ok(e2e_home)
 }

@@ -24,7 +24,6 @@ mod common;
 mod e2e_support;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use e2e_support::ScriptedEnv;
 
@@ -36,33 +35,19 @@ fn script(name: &str) -> PathBuf {
 
 fn prerequisites() -> Result<PathBuf, String> {
     e2e_support::env().ok_or("no clusters: set RELAY_E2E_*")?;
-    let e2e_home = PathBuf::from(std::env::var("E2E_HOME").map_err(|_| "no E2E_HOME")?);
-    for bin in [
-        "kubelet",
-        "kube-scheduler",
-        "pause",
-        "e2e.test",
-        "csi-resizer",
-        "csi-snapshotter",
-        "snapshot-controller",
-    ] {
-        if !e2e_home.join("bin").join(bin).is_file() {
-            return Err(format!(
-                "no kubelet or e2e suite: {bin} missing in $E2E_HOME/bin"
-            ));
-        }
-    }
+    let e2e_home = e2e_support::kubelet_node_home(
+        &[
+            "e2e.test",
+            "csi-resizer",
+            "csi-snapshotter",
+            "snapshot-controller",
+        ],
+        &[],
+    )?;
     for dir in ["images", "snapshot-crds"] {
         if !e2e_home.join(dir).is_dir() {
             return Err(format!("$E2E_HOME/{dir} missing"));
         }
-    }
-    let containerd = Command::new("containerd").arg("--version").output();
-    if !containerd.is_ok_and(|o| o.status.success()) {
-        return Err("no kubelet: containerd is not installed".into());
-    }
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("a kubelet node needs root".into());
     }
     Ok(e2e_home)
 }

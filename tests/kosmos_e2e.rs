@@ -61,31 +61,10 @@ fn prerequisites() -> Result<Prerequisites, String> {
     let sidecars = PathBuf::from(
         std::env::var("RELAY_E2E_SIDECARS").map_err(|_| "no sidecars: set RELAY_E2E_SIDECARS")?,
     );
-    let e2e_home = PathBuf::from(std::env::var("E2E_HOME").map_err(|_| "no E2E_HOME")?);
-    for bin in [
-        "clustertree-cluster-manager",
-        "kubelet",
-        "kube-scheduler",
-        "pause",
-        "csi-resizer",
-    ] {
-        if !e2e_home.join("bin").join(bin).is_file() {
-            return Err(format!(
-                "no Kosmos or no kubelet: {bin} missing in $E2E_HOME/bin"
-            ));
-        }
-    }
+    let e2e_home =
+        e2e_support::kubelet_node_home(&["clustertree-cluster-manager", "csi-resizer"], &[])?;
     if !e2e_home.join("kosmos-crds").is_dir() {
         return Err("no Kosmos CRDs ($E2E_HOME/kosmos-crds)".into());
-    }
-    let containerd = std::process::Command::new("containerd")
-        .arg("--version")
-        .output();
-    if !containerd.is_ok_and(|o| o.status.success()) {
-        return Err("no kubelet: containerd is not installed".into());
-    }
-    if !nix::unistd::Uid::effective().is_root() {
-        return Err("a kubelet node needs root".into());
     }
     Ok(Prerequisites {
         env,

@@ -363,6 +363,31 @@ pub fn sidecar_args(socket: &std::path::Path, kubeconfig: &str, extra: &[&str]) 
     args
 }
 
+/// What a real kubelet node (`tests/e2e-env/kubelet`) needs on this machine,
+/// plus `bins` in `$E2E_HOME/bin` and `tools` on PATH: `$E2E_HOME`, or why
+/// the test cannot run here.
+pub fn kubelet_node_home(bins: &[&str], tools: &[&str]) -> Result<std::path::PathBuf, String> {
+    let home = std::path::PathBuf::from(std::env::var("E2E_HOME").map_err(|_| "no E2E_HOME")?);
+    for bin in ["kubelet", "kube-scheduler", "pause"].iter().chain(bins) {
+        if !home.join("bin").join(bin).is_file() {
+            return Err(format!("{bin} missing in $E2E_HOME/bin"));
+        }
+    }
+    for tool in ["containerd"].iter().chain(tools) {
+        let found = std::process::Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Err(format!("{tool} is not installed"));
+        }
+    }
+    if !nix::unistd::Uid::effective().is_root() {
+        return Err("a kubelet node needs root".into());
+    }
+    Ok(home)
+}
+
 /// An environment a project script under `tests/<dir>/` adds on a machine
 /// (`<script> RUN_DIR`, with E2E_HOME): its run dir, and its down script,
 /// which runs when this is dropped, also after a failed assertion.
