@@ -65,6 +65,7 @@ QUICK=(
   '\(immediate binding\)\] topology should provision a volume and schedule a pod with AllowedTopologies'
   'read-write-once-pod.*should block a second pod from using an in-use ReadWriteOncePod volume on the same node'
   '\(default fs\)\] capacity provides storage capacity information'
+  'volumeLimits should verify that all csinodes have volume limits'
 )
 QUICK_FOCUS="External.Storage.*($(IFS='|'; echo "${QUICK[*]}"))"
 # sharded: suites per shard, balanced by the runtime of a full run here
