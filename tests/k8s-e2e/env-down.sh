@@ -55,6 +55,7 @@ if [[ -d $RUN/member-lab ]]; then
   if km get --raw /readyz > /dev/null 2>&1; then
     "$KL/kubelet-node-down.sh" "$RUN/member-lab" "$MEMBER_KUBECONFIG" $M_KL_NODE > "$RUN/logs/member-node-down.log" 2>&1 || rc=1
     km delete storageclass $M_KL_CLASS $M_KL_CLASS-wffc --ignore-not-found > /dev/null 2>&1
+    km delete volumesnapshotclass $M_KL_SNAPCLASS --ignore-not-found > /dev/null 2>&1
     km delete csidriver $M_KL_DRIVER --ignore-not-found > /dev/null 2>&1
     km taint node "$MEMBER_NODE" "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true
   else

@@ -15,6 +15,10 @@
 #     host-kl-1 maps to member node member-kl-1 by the labels
 #     topology.relay.csi.dev/member(-node). Class relay-member: member1's
 #     kl-hostpath (Immediate).
+#   - Snapshots, when the local part has them (SNAP=1): the snapshot CRDs,
+#     snapshot-controller and hostpath's csi-snapshotter in the member with
+#     class kl-hostpath-snap; the host's csi-snapshotter for the member relay
+#     and class relay-member-snap (memberSnapshotClass: kl-hostpath-snap).
 MLAB=$RUN/member-lab
 # The kubelet changes three sysctls and each node-down puts back what its
 # node-up found: this node starts second, so it gets the first one's record of
@@ -27,6 +31,24 @@ POD_LOG_DIR=$RUN/member-var-log CTRD_STATE=$M_KL_CTRD_STATE KUBELET_CLIENT_CA="$
   > "$RUN/logs/member-storage-node-up.log" 2>&1
 ts "member: scheduler, kubelet node $M_KL_NODE with $M_KL_DRIVER, class $M_KL_CLASS"
 M_SOCK=$MLAB/kubelet/plugins/$M_KL_DRIVER/csi.sock
+if ((SNAP)); then
+  km apply -f "$SNAPSHOT_CRDS" > /dev/null
+  km wait --for=condition=Established crd volumesnapshots.snapshot.storage.k8s.io \
+    volumesnapshotclasses.snapshot.storage.k8s.io volumesnapshotcontents.snapshot.storage.k8s.io --timeout=60s > /dev/null
+  ( LAB=$MLAB; source "$KL/kl-lib.sh"
+    kl_start snapshot-controller "$MLAB/logs/snapshot-controller.log" "$B/snapshot-controller" \
+      --kubeconfig="$MEMBER_KUBECONFIG" --leader-election=false -v=3
+    kl_start csi-snapshotter "$MLAB/logs/csi-snapshotter.log" "$B/csi-snapshotter" --csi-address="$M_SOCK" \
+      --kubeconfig="$MEMBER_KUBECONFIG" --leader-election=false -v=3 )
+  km apply -f - > /dev/null <<YAML
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: $M_KL_SNAPCLASS}
+driver: $M_KL_DRIVER
+deletionPolicy: Delete
+YAML
+  ts "member: snapshot CRDs, snapshot-controller, hostpath's csi-snapshotter, class $M_KL_SNAPCLASS"
+fi
 [[ -x $B/csi-resizer ]] || { echo "missing $B/csi-resizer" >&2; false; }
 MSTATE=$RUN/member-state
 mkdir -p "$MSTATE/controller" "$MSTATE/node" "$RUN/member-plugins/$M_KL_DRIVER"
@@ -54,6 +76,7 @@ lab kl_start member-provisioner "$LAB/logs/member-provisioner.log" "$B/csi-provi
   --feature-gates=Topology=true --extra-create-metadata
 lab kl_start member-attacher "$LAB/logs/member-attacher.log" "$B/csi-attacher" "${MSC[@]}"
 lab kl_start member-resizer "$LAB/logs/member-resizer.log" "$B/csi-resizer" "${MSC[@]}"
+((SNAP)) && lab kl_start member-snapshotter "$LAB/logs/member-snapshotter.log" "$B/csi-snapshotter" "${MSC[@]}"
 cat > "$RUN/manifests/relay-member.yaml" <<YAML
 apiVersion: storage.k8s.io/v1
 kind: CSIDriver
@@ -76,6 +99,17 @@ parameters:
   memberStorageClass: $M_KL_CLASS
   createMemberNamespace: "true"
 YAML
+if ((SNAP)); then cat >> "$RUN/manifests/relay-member.yaml" <<YAML
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotClass
+metadata: {name: $MEMBER_SNAPCLASS}
+driver: $MEMBER_DRIVER
+deletionPolicy: Delete
+parameters:
+  memberSnapshotClass: $M_KL_SNAPCLASS
+YAML
+fi
 kh apply -f "$RUN/manifests/relay-member.yaml" > /dev/null
 waitfor 60 "CSINode $KL_NODE with $MEMBER_DRIVER" \
   sh -c "[ \"\$(kubectl --kubeconfig '$HOST_KUBECONFIG' get csinode $KL_NODE -o jsonpath='{.spec.drivers[?(@.name==\"$MEMBER_DRIVER\")].nodeID}')\" = $KL_NODE ]"

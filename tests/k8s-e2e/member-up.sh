@@ -14,6 +14,8 @@ source "$LAB/node.env"
 RELAY_BIN=$(readlink -f "${RELAY_BIN:-$HERE/../../target/release/csi-relay}")
 RELAY_LOG=${RELAY_LOG:-csi_relay=debug}
 B=$E2E_HOME/bin
+SNAPSHOT_CRDS=${SNAPSHOT_CRDS:-$E2E_HOME/snapshot-crds}
+SNAP=$(sed -n 's/^export K8SE2E_SNAPSHOTS=//p' "$RUN/env.sh")
 source "$HERE/../env-lib.sh"
 lab() { ( source "$KL/kl-lib.sh"; "$@" ); }
 source "$HERE/member-up.inc.sh"

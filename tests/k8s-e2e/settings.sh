@@ -11,7 +11,7 @@ CLASS=relay-local                     # StorageClass of DRIVER (Immediate)
 CLASS_WFFC=relay-local-wffc           # same, WaitForFirstConsumer
 MEMBER_CLASS=relay-member             # StorageClass of MEMBER_DRIVER
 SNAPCLASS=relay-local-snap            # VolumeSnapshotClass of DRIVER
-MEMBER_SNAPCLASS=relay-member-snap
+MEMBER_SNAPCLASS=relay-member-snap    # VolumeSnapshotClass of MEMBER_DRIVER (memberSnapshotClass: M_KL_SNAPCLASS)
 FAKE_TAINT=relay.csi.dev/e2e-fake-node=true:NoSchedule   # on the env's fake host-node-1 (and member-node-1 with MEMBER=1)
 # Part (b), MEMBER=1: the member cluster's own kubelet node, whose hostpath is the member storage.
 M_KL_NODE=member-kl-1                 # real kubelet node in the MEMBER cluster
@@ -20,6 +20,7 @@ M_SCHED_PORT=19458                    # member kube-scheduler
 M_KL_CTRD_STATE=/run/k8se2e-m-containerd
 M_KL_DRIVER=hostpath.kl.csi.k8s.io    # csi-driver-host-path on member-kl-1
 M_KL_CLASS=kl-hostpath                # its member StorageClass (Immediate)
+M_KL_SNAPCLASS=kl-hostpath-snap       # its member VolumeSnapshotClass
 # Pulls must never leave the machine: every image is imported, and the
 # kubelet's containerd (and e2e.test) get a proxy on a closed loopback port,
 # so a pull of a missing image fails at once instead of reaching out.
