@@ -1,5 +1,5 @@
 use clap::Parser;
-use csi_relay::config::{Cli, Command, LogFormat};
+use csi_relay::app::cli::{Cli, Command, LogFormat};
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -53,7 +53,7 @@ fn main() -> std::process::ExitCode {
 async fn run() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Crd => match csi_relay::member::relay_volume::crd_yaml() {
+        Command::Crd => match csi_relay::k8s::relay_volume::crd_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
                 std::process::ExitCode::SUCCESS
@@ -65,7 +65,7 @@ async fn run() -> std::process::ExitCode {
         },
         Command::Serve(args) => {
             init_logging(args.log_format);
-            match csi_relay::server::serve(args).await {
+            match csi_relay::app::server::serve(args).await {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "csi-relay failed");

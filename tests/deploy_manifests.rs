@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use clap::Parser;
-use csi_relay::config::Cli;
+use csi_relay::app::cli::Cli;
 use serde_json::Value;
 
 fn documents(dir: &Path) -> Vec<(String, Value)> {

@@ -23,9 +23,9 @@ use csi_relay::csi::{
     self, controller_server::Controller, group_controller_server::GroupController,
     identity_server::Identity, node_server::Node, volume_capability,
 };
-use csi_relay::service::{
-    controller::ControllerService, group_controller::GroupControllerService,
-    identity::IdentityService, node::NodeService,
+use csi_relay::grpc::{
+    controller_service::ControllerService, group_controller_service::GroupControllerService,
+    identity_service::IdentityService, node_service::NodeService,
 };
 use proptest::prelude::*;
 use prost::Message;
@@ -82,12 +82,14 @@ fn harness() -> Option<&'static Harness> {
                 "--capacity",
                 "1073741824",
             ];
-            match csi_relay::config::Cli::try_parse_from(argv).ok()?.command {
-                csi_relay::config::Command::Serve(a) => a,
+            match csi_relay::app::cli::Cli::try_parse_from(argv).ok()?.command {
+                csi_relay::app::cli::Command::Serve(a) => a,
                 _ => return None,
             }
         };
-        let driver = runtime.block_on(csi_relay::server::build(&args)).ok()?;
+        let driver = runtime
+            .block_on(csi_relay::app::server::build(&args))
+            .ok()?;
         let controller = ControllerService::new(driver.clone());
         let mut volumes = Vec::new();
         for (name, cap) in [("fuzz-dir", mount_cap("")), ("fuzz-blk", block_cap())] {

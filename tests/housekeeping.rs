@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use common::req::{create, snw};
 use common::Driver;
-use csi_relay::capability::Capability;
 use csi_relay::csi;
+use csi_relay::domain::capability::Capability;
+use csi_relay::domain::volume::{Backing, Lifecycle, Volume};
 use csi_relay::store::Store;
-use csi_relay::volume::{Backing, Lifecycle, Volume};
 
 const MIB: i64 = 1 << 20;
 

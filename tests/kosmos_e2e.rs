@@ -31,8 +31,8 @@ mod e2e_support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use csi_relay::member::quantity::parse_bytes;
-use csi_relay::member::relay_volume::RelayVolume;
+use csi_relay::domain::quantity::parse_bytes;
+use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{
     Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };

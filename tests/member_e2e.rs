@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use common::req::snw;
 use csi_relay::csi;
-use csi_relay::member::relay_volume::RelayVolume;
+use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -112,7 +112,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     pvcs.get(&pvc_name).await.expect("member PVC exists");
 
     let relay: Api<RelayVolume> = Api::all(host.clone());
-    let rv_name = csi_relay::member::relay_volume::object_name(&vol.volume_id);
+    let rv_name = csi_relay::k8s::relay_volume::object_name(&vol.volume_id);
     // RelayVolumes are mirrored off the RPC path: they follow shortly.
     let wait_phase = |want: &'static str| {
         let relay = relay.clone();

@@ -25,7 +25,7 @@ mod e2e_support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use csi_relay::member::relay_volume::RelayVolume;
+use csi_relay::k8s::relay_volume::RelayVolume;
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -95,7 +95,7 @@ async fn settled(pid: u32) -> (u64, f64) {
 /// Waits, looking every 20 ms, until volume `id`'s RelayVolume shows
 /// PUBLISHED.
 async fn published(relay: &Api<RelayVolume>, id: &str) {
-    let name = csi_relay::member::relay_volume::object_name(id);
+    let name = csi_relay::k8s::relay_volume::object_name(id);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let rv = relay.get_opt(&name).await.ok().flatten();
@@ -327,7 +327,7 @@ async fn member_objects_cost_what_the_relay_serves() {
         async move {
             let names: Vec<String> = ids
                 .iter()
-                .map(|id| csi_relay::member::relay_volume::object_name(id))
+                .map(|id| csi_relay::k8s::relay_volume::object_name(id))
                 .collect();
             eventually(
                 &format!("RelayVolumes {want}"),

@@ -26,8 +26,8 @@ use csi_relay::csi::{
     node_server::{Node, NodeServer},
     volume_capability::{access_mode::Mode, AccessType},
 };
-use csi_relay::member::source::{self, MemberSource, SourceKind};
-use csi_relay::volume::Progress;
+use csi_relay::domain::member_source::{self as source, MemberSource, SourceKind};
+use csi_relay::domain::volume::Progress;
 use tonic::{Code, Request, Response, Status};
 
 use common::req::{block_cap, fs_cap, mount_cap, snw};
@@ -356,7 +356,7 @@ async fn unusable_sources_are_refused_and_leave_nothing() {
         false,
     );
     let v = host_vol(&d, "nfs", snw(), nfs);
-    if csi_relay::mount::nfs::helper_installed() {
+    if csi_relay::os::nfs::helper_installed() {
         common::skip(
             "mount.nfs is installed but no NFS server runs here: a real NFS mount is not tested",
         );

@@ -8,7 +8,7 @@ mod node_support;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
-use csi_relay::backend::sparse_copy::{copy_file, Method};
+use csi_relay::backends::local::sparse_copy::{copy_file, Method};
 use csi_relay::csi::{self, volume_capability::access_mode::Mode};
 
 use common::req::fs_cap;

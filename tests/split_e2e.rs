@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::req::snw;
 use csi_relay::csi;
-use csi_relay::member::relay_volume::object_name;
+use csi_relay::k8s::relay_volume::object_name;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 
@@ -148,7 +148,7 @@ async fn split_controller_and_node_walk_every_phase_and_back() {
     })
     .await
     .expect("DeleteVolume");
-    let relay: Api<csi_relay::member::relay_volume::RelayVolume> = Api::all(host.clone());
+    let relay: Api<csi_relay::k8s::relay_volume::RelayVolume> = Api::all(host.clone());
     eventually("RelayVolume removal", Duration::from_secs(30), || {
         let (relay, rv) = (relay.clone(), rv.clone());
         async move { relay.get_opt(&rv).await.ok()?.is_none().then_some(()) }

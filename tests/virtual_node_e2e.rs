@@ -23,7 +23,7 @@ mod e2e_support;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use csi_relay::member::relay_volume::RelayVolume;
+use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -295,7 +295,7 @@ async fn flow(
     );
 
     let relay: Api<RelayVolume> = Api::all(host.clone());
-    let rv_name = csi_relay::member::relay_volume::object_name(&volume_id);
+    let rv_name = csi_relay::k8s::relay_volume::object_name(&volume_id);
     let wait_rv = |what: &'static str, check: Box<dyn Fn(&RelayVolume) -> bool + Send + Sync>| {
         let (relay, rv_name) = (relay.clone(), rv_name.clone());
         let check = std::sync::Arc::new(check);

@@ -11,9 +11,9 @@
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::StoreResult;
-use crate::overlay::{Overlay, Settled};
-use crate::volume::Volume;
+use super::error::StoreResult;
+use crate::domain::volume::Volume;
+use crate::store::overlay::{Overlay, Settled};
 
 const VOLUME_NAMES: TableDefinition<&str, &str> = TableDefinition::new("volume_names");
 /// `node id \0 volume id` → attached (1) or only node-side state (0).
@@ -77,7 +77,7 @@ pub(super) fn ids_on_node(
 ) -> StoreResult<Vec<String>> {
     let txn = db.begin_read()?;
     let t = txn.open_table(NODE_VOLUMES)?;
-    let (lo, hi) = super::prefix_bounds(node);
+    let (lo, hi) = prefix_bounds(node);
     let mut ids = Vec::new();
     for entry in t.range::<&str>(lo.as_str()..hi.as_str())? {
         let (k, _) = entry?;
@@ -97,4 +97,9 @@ pub(super) fn release_name(txn: &WriteTransaction, name: &str, id: &str) -> Stor
         names.remove(name)?;
     }
     Ok(())
+}
+
+/// Range over every key starting with `prefix\0`.
+pub(super) fn prefix_bounds(prefix: &str) -> (String, String) {
+    (format!("{prefix}\0"), format!("{prefix}\u{1}"))
 }

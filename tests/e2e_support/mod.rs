@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use csi_relay::member::relay_volume::RelayVolume;
+use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};

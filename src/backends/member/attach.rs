@@ -1,0 +1,243 @@
+//! Member VolumeAttachments: for a member PV whose CSI driver needs
+//! ControllerPublish (CSIDriver.spec.attachRequired), csi-relay asks the
+//! member's own external-attacher to attach it to the member node, and waits
+//! a bounded time for `status.attached`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::storage::v1::{
+    CSIDriver, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, PostParams};
+
+use crate::domain::error::{CsiError, CsiResult};
+use crate::k8s::cluster::Cluster;
+use crate::k8s::POLL_INTERVAL;
+
+/// Whether the member's `driver` needs a VolumeAttachment. Kubernetes
+/// treats a driver without a CSIDriver object, or without the field, as
+/// attach-required.
+pub async fn attach_required(cluster: &Cluster, driver: &str) -> CsiResult<bool> {
+    let found = cluster
+        .fetch(
+            &format!("get CSIDriver {driver}"),
+            Api::<CSIDriver>::all(cluster.client()).get(driver),
+        )
+        .await?;
+    Ok(found.and_then(|d| d.spec.attach_required).unwrap_or(true))
+}
+
+pub fn manifest(
+    name: &str,
+    attacher: &str,
+    pv: &str,
+    node: &str,
+    labels: BTreeMap<String, String>,
+) -> VolumeAttachment {
+    VolumeAttachment {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            ..Default::default()
+        },
+        spec: VolumeAttachmentSpec {
+            attacher: attacher.to_string(),
+            node_name: node.to_string(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: Some(pv.to_string()),
+                ..Default::default()
+            },
+        },
+        status: None,
+    }
+}
+
+fn attached(va: &VolumeAttachment) -> Option<BTreeMap<String, String>> {
+    let status = va.status.as_ref()?;
+    status
+        .attached
+        .then(|| status.attachment_metadata.clone().unwrap_or_default())
+}
+
+fn attach_error(va: &VolumeAttachment) -> Option<String> {
+    va.status
+        .as_ref()
+        .and_then(|s| s.attach_error.as_ref())
+        .and_then(|e| e.message.clone())
+}
+
+/// Creates (or adopts) the VolumeAttachment and waits up to `wait` for it to
+/// be attached; returns its attachmentMetadata. Not attached in time is
+/// UNAVAILABLE: the CO retries, and the retry finds the same object.
+pub async fn ensure_attached(
+    cluster: &Cluster,
+    va: &VolumeAttachment,
+    wait: Duration,
+) -> CsiResult<BTreeMap<String, String>> {
+    let name = va.metadata.name.clone().unwrap_or_default();
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    let get_what = format!("get VolumeAttachment {name}");
+    let mut current = match cluster
+        .create(
+            &format!("create VolumeAttachment {name}"),
+            api.create(&PostParams::default(), va),
+        )
+        .await?
+    {
+        Some(created) => created,
+        None => {
+            let existing = cluster
+                .fetch(&get_what, api.get(&name))
+                .await?
+                .ok_or_else(|| {
+                    CsiError::Aborted(format!(
+                        "{}: VolumeAttachment {name} vanished while being created; retry",
+                        cluster.label()
+                    ))
+                })?;
+            if existing.spec != va.spec {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{}: VolumeAttachment {name} exists for {:?} on node {:?}, not for {:?} on {:?}",
+                    cluster.label(),
+                    existing.spec.source.persistent_volume_name,
+                    existing.spec.node_name,
+                    va.spec.source.persistent_volume_name,
+                    va.spec.node_name
+                )));
+            }
+            existing
+        }
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if let Some(metadata) = attached(&current) {
+            return Ok(metadata);
+        }
+        if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
+            let why = attach_error(&current)
+                .map(|e| format!(": the member's attacher reports {e:?}"))
+                .unwrap_or_default();
+            return Err(CsiError::Unavailable(format!(
+                "{}: VolumeAttachment {name} ({} on node {}) is not attached yet{why}; retry",
+                cluster.label(),
+                va.spec
+                    .source
+                    .persistent_volume_name
+                    .as_deref()
+                    .unwrap_or("?"),
+                va.spec.node_name
+            )));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+        current = cluster
+            .fetch(&get_what, api.get(&name))
+            .await?
+            .ok_or_else(|| {
+                CsiError::Aborted(format!(
+                    "{}: VolumeAttachment {name} was deleted while attaching; retry",
+                    cluster.label()
+                ))
+            })?;
+    }
+}
+
+/// Deletes the VolumeAttachment and waits up to `wait` for the member's
+/// attacher to detach and remove it. Already gone is success.
+/// The relay's own VolumeAttachments in `cluster`: (name, volume uuid).
+pub async fn own(cluster: &Cluster) -> CsiResult<Vec<(String, String)>> {
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    let selector = format!(
+        "{}={}",
+        crate::k8s::naming::MANAGED_BY,
+        crate::k8s::naming::MANAGER
+    );
+    let list = cluster
+        .fetch(
+            "list the relay's VolumeAttachments",
+            api.list(&kube::api::ListParams::default().labels(&selector)),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default();
+    Ok(list
+        .into_iter()
+        .filter_map(|va| {
+            let uuid = va
+                .metadata
+                .labels
+                .as_ref()?
+                .get(crate::k8s::naming::VOLUME_UUID_LABEL)?
+                .clone();
+            Some((va.metadata.name?, uuid))
+        })
+        .collect())
+}
+
+/// Another VolumeAttachment of the same PV to the same member node than our
+/// `ours` (the member's attach/detach controller makes one for a member pod
+/// that mounts the volume), if any: detaching ours would make the member
+/// driver detach the volume under that pod.
+pub async fn shared_with(cluster: &Cluster, ours: &str) -> CsiResult<Option<String>> {
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    let Some(va) = cluster
+        .fetch(&format!("get VolumeAttachment {ours}"), api.get(ours))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let pv = va.spec.source.persistent_volume_name.clone();
+    let node = va.spec.node_name.clone();
+    let all = cluster
+        .fetch(
+            "list VolumeAttachments",
+            api.list(&kube::api::ListParams::default()),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default();
+    Ok(all
+        .into_iter()
+        .find(|other| {
+            other.metadata.name.as_deref() != Some(ours)
+                && other.metadata.deletion_timestamp.is_none()
+                && other.spec.node_name == node
+                && pv.is_some()
+                && other.spec.source.persistent_volume_name == pv
+        })
+        .and_then(|other| other.metadata.name))
+}
+
+pub async fn ensure_detached(cluster: &Cluster, name: &str, wait: Duration) -> CsiResult<()> {
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    cluster
+        .remove(
+            &format!("delete VolumeAttachment {name}"),
+            api.delete(name, &DeleteParams::default()),
+        )
+        .await?;
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let Some(va) = cluster
+            .fetch(&format!("get VolumeAttachment {name}"), api.get(name))
+            .await?
+        else {
+            return Ok(());
+        };
+        if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
+            let why = va
+                .status
+                .as_ref()
+                .and_then(|s| s.detach_error.as_ref())
+                .and_then(|e| e.message.clone())
+                .map(|e| format!(": the member's attacher reports {e:?}"))
+                .unwrap_or_default();
+            return Err(CsiError::Unavailable(format!(
+                "{}: VolumeAttachment {name} is still being detached{why}; retry",
+                cluster.label()
+            )));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}

@@ -1,0 +1,663 @@
+//! The controller RPCs over the member backend, with the RelayVolume
+//! observer: what the CO sees (codes, CREATED without waiting for binding,
+//! accessible_topology) and what both clusters are asked, across a failed
+//! attempt and its retry.
+
+use crate::grpc::status::CsiCode;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tonic::Code;
+
+use crate::csi;
+use crate::domain::settings::Mode;
+use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
+use crate::k8s::naming::VOLUME_ID_ANNOTATION;
+use crate::k8s::relay_volume::{RelayVolumeObserver, Role};
+use crate::k8s::testing::{self, MockApi};
+use crate::ops::controller::{provision, publish};
+use crate::ops::driver::Driver;
+
+const RV: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
+const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
+
+/// A controller over member "east", its host cluster's writer, and the
+/// two clusters' mock API servers.
+fn controller(dir: &std::path::Path) -> (Driver, RelayVolumeObserver, MockApi, MockApi) {
+    let (d, host, member, host_api) = testing::controller(dir);
+    let writer = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
+    (d, writer, member, host_api)
+}
+
+/// The controller with its RelayVolumes written as an observer.
+fn driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
+    let (d, writer, member, host_api) = controller(dir);
+    (d.with_observer(Arc::new(writer)), member, host_api)
+}
+
+fn capability() -> csi::VolumeCapability {
+    use csi::volume_capability::{access_mode::Mode as M, AccessMode, AccessType, MountVolume};
+    csi::VolumeCapability {
+        access_mode: Some(AccessMode {
+            mode: M::SingleNodeWriter as i32,
+        }),
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+    }
+}
+
+fn create_request() -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: "pvc-0a1b".into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 1 << 30,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![capability()],
+        parameters: HashMap::from([
+            ("memberNamespace".to_string(), "relay".to_string()),
+            (
+                "csi.storage.k8s.io/pvc/name".to_string(),
+                "data".to_string(),
+            ),
+            (
+                "csi.storage.k8s.io/pvc/namespace".to_string(),
+                "shop".to_string(),
+            ),
+        ]),
+        accessibility_requirements: Some(csi::TopologyRequirement {
+            requisite: vec![csi::Topology {
+                segments: HashMap::from([(TOPOLOGY_MEMBER_KEY.to_string(), "east".to_string())]),
+            }],
+            preferred: vec![],
+        }),
+        ..Default::default()
+    }
+}
+
+/// Answers the observer's two applies (spec, status); returns the phase.
+async fn applied(host: &mut MockApi) -> String {
+    let spec = host.next().await;
+    assert_eq!(spec.method, "PATCH");
+    assert!(spec.path.starts_with(RV) && !spec.path.ends_with("/status"));
+    let body = spec.body.clone();
+    spec.ok(body);
+    let status = host.next().await;
+    assert!(status.path.ends_with("/status"), "{}", status.path);
+    let phase = status.body["status"]["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let body = status.body.clone();
+    status.ok(body);
+    phase
+}
+
+#[tokio::test(start_paused = true)]
+async fn create_after_a_failed_attempt_makes_one_member_pvc() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = driver(tmp.path());
+
+    // First attempt: the record is committed (and mirrored), the member is
+    // unreachable.
+    let (first, first_pvc, ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            let post = member.expect("POST", PVCS).await;
+            let name = post.body["metadata"]["name"].clone();
+            post.refuse();
+            name
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "PROVISIONING");
+        }
+    );
+    let err = first.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.to_string().contains("member cluster east"), "{err}");
+
+    // The CO retries with the same name: same volume, same PVC name; the
+    // member already has it (the refused call went through after all).
+    let (second, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            let post = member.expect("POST", PVCS).await;
+            assert_eq!(post.body["metadata"]["name"], first_pvc);
+            let existing = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": post.body["metadata"].clone(),
+                "spec": post.body["spec"].clone(),
+                "status": {"phase": "Pending"}});
+            post.already_exists();
+            let name = existing["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            member
+                .expect("GET", &format!("{PVCS}/{name}"))
+                .await
+                .ok(existing);
+            member.expect_idle().await;
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "CREATED");
+        }
+    );
+    let vol = second.unwrap().volume.unwrap();
+    assert!(vol.volume_id.starts_with("m-east-"), "{}", vol.volume_id);
+    assert_eq!(vol.capacity_bytes, 1 << 30);
+    assert_eq!(
+        vol.accessible_topology[0].segments[TOPOLOGY_MEMBER_KEY],
+        "east"
+    );
+    assert_eq!(
+        vol.volume_context["relay.csi.dev/member-pvc"],
+        first_pvc.as_str().unwrap_or_default()
+    );
+
+    // A third call answers from the store: nothing is asked of anyone.
+    let (third, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        member.expect_idle(),
+        host.expect_idle()
+    );
+    assert_eq!(third.unwrap().volume.unwrap().volume_id, vol.volume_id);
+
+    // ControllerPublish before the member binds: retryable; the intent is
+    // recorded first (so a member attachment never exists unrecorded).
+    let (published, (), ()) = tokio::join!(
+        publish::publish(
+            &d,
+            csi::ControllerPublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: "host-1".into(),
+                volume_capability: Some(capability()),
+                ..Default::default()
+            }
+        ),
+        async {
+            let pvc = first_pvc.as_str().unwrap_or_default();
+            member
+                .expect("GET", "/api/v1/nodes/host-1")
+                .await
+                .not_found();
+            member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                           "metadata": {"name": pvc, "namespace": "relay",
+                                        "annotations": {VOLUME_ID_ANNOTATION: vol.volume_id}},
+                           "status": {"phase": "Pending"}}),
+            );
+        },
+        async {
+            // node_known, the intent mirrored, then the resolution at attach time.
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
+            assert_eq!(applied(&mut host).await, "NODE_READY");
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
+        }
+    );
+    let err = published.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(err.to_string().contains("not Bound yet"), "{err}");
+
+    // The CO gives up on the attachment (its VolumeAttachment is deleted):
+    // ControllerUnpublish removes the intent; this host node stands for no
+    // single member node, so the relay made no member attachment.
+    let (unpublished, (), ()) = tokio::join!(
+        publish::unpublish(
+            &d,
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: "host-1".into(),
+                ..Default::default()
+            }
+        ),
+        async {
+            member
+                .expect("GET", "/api/v1/nodes/host-1")
+                .await
+                .not_found();
+        },
+        async {
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
+            assert_eq!(applied(&mut host).await, "CREATED");
+        }
+    );
+    unpublished.unwrap();
+
+    // DeleteVolume: the member PVC goes, then the RelayVolume.
+    let (deleted, (), ()) = tokio::join!(
+        provision::delete_volume(
+            &d,
+            csi::DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                ..Default::default()
+            }
+        ),
+        async {
+            let pvc = first_pvc.as_str().unwrap_or_default();
+            // Gone already (a mirroring system deleted it with the host PVC).
+            member
+                .expect("GET", &format!("{PVCS}/{pvc}"))
+                .await
+                .not_found();
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "DELETING");
+            host.expect("DELETE", &format!("{RV}/{}", vol.volume_id))
+                .await
+                .ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+        }
+    );
+    deleted.unwrap();
+}
+
+// The member answers 404 (its namespace does not exist): NOT_FOUND is the
+// spec's answer for a missing content source only, so this is a
+// precondition the admin must fix.
+#[tokio::test(start_paused = true)]
+async fn a_member_404_in_create_volume_is_a_failed_precondition() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = driver(tmp.path());
+    let (created, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.status(
+                404,
+                "NotFound",
+                "namespaces \"relay\" not found",
+            );
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "PROVISIONING");
+        }
+    );
+    let err = created.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.to_string().contains("namespaces \"relay\" not found"),
+        "{err}"
+    );
+}
+
+// Housekeeping collects the relay's member attachments that no record
+// wants, unless a member pod's attachment of the same volume and node
+// still exists.
+#[tokio::test(start_paused = true)]
+async fn housekeeping_collects_unwanted_member_attachments_but_not_under_a_pod() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, _host) = driver(tmp.path());
+    let vas = "/apis/storage.k8s.io/v1/volumeattachments";
+    let uuid = "0123456789abcdef0123456789abcdef";
+    let va = |name: &str, node: &str, ours: bool| {
+        let mut v = json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+            "metadata": {"name": name},
+            "spec": {"attacher": "disk.csi.example", "nodeName": node,
+                     "source": {"persistentVolumeName": "pv-9"}}});
+        if ours {
+            v["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "csi-relay",
+                                             "relay.csi.dev/volume-uuid": uuid});
+        }
+        v
+    };
+    let list = |items: Vec<Value>| {
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+               "metadata": {}, "items": items})
+    };
+    let ours = format!("relay-{uuid}-1");
+    let ours_path = format!("{vas}/{ours}");
+    for shared in [true, false] {
+        let (report, ()) = tokio::join!(crate::ops::housekeeping::sweep(&d), async {
+            // Claims whose host PV is gone: none here.
+            member
+                .expect("GET", "/api/v1/persistentvolumeclaims")
+                .await
+                .ok(
+                    json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                           "metadata": {}, "items": []}),
+                );
+            let listed = member.expect("GET", vas).await;
+            assert!(listed.query.contains("labelSelector"), "{}", listed.query);
+            listed.ok(list(vec![va(&ours, "worker-1", true)]));
+            member
+                .expect("GET", &ours_path)
+                .await
+                .ok(va(&ours, "worker-1", true));
+            let mut all = vec![va(&ours, "worker-1", true)];
+            if shared {
+                all.push(va("csi-made-for-a-member-pod", "worker-1", false));
+            }
+            member.expect("GET", vas).await.ok(list(all));
+            if !shared {
+                member
+                    .expect("DELETE", &ours_path)
+                    .await
+                    .ok(va(&ours, "worker-1", true));
+                member.expect("GET", &ours_path).await.not_found();
+            }
+            member.expect_idle().await;
+        });
+        let report = report.unwrap();
+        assert_eq!(
+            report.collected_attachments,
+            usize::from(!shared),
+            "shared={shared}"
+        );
+    }
+}
+
+// A Kosmos-style virtual node that stands for the whole member cluster:
+// ControllerPublishVolume is NODE_READY once the member claim exists, even
+// unbound (WaitForFirstConsumer) and even for a driver that needs attach,
+// with no relay-made attachment: the member's attach/detach controller
+// attaches the volume where the member pod lands.
+#[tokio::test(start_paused = true)]
+async fn a_virtual_node_for_a_whole_member_cluster_needs_no_relay_attachment() {
+    virtual_node_publish(json!({TOPOLOGY_MEMBER_KEY: "east"})).await;
+}
+
+// The same for a virtual node that stands for one member node: the member
+// pod's own attachment is the member's business, not the relay's.
+#[tokio::test(start_paused = true)]
+async fn a_virtual_node_for_one_member_node_needs_no_relay_attachment_either() {
+    virtual_node_publish(json!({TOPOLOGY_MEMBER_KEY: "east", TOPOLOGY_MEMBER_NODE_KEY: "m-1"}))
+        .await;
+}
+
+async fn virtual_node_publish(labels: Value) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = driver(tmp.path());
+    let (created, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.created();
+        },
+        async {
+            assert_eq!(applied(&mut host).await, "PROVISIONING");
+            assert_eq!(applied(&mut host).await, "CREATED");
+        }
+    );
+    let vol = created.unwrap().volume.unwrap();
+    let pvc = vol.volume_context["relay.csi.dev/member-pvc"].clone();
+    let vnode = || {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "vnode-east", "labels": labels.clone()},
+               "spec": {"taints": [{"key": "kosmos.io/node", "value": "true", "effect": "NoSchedule"}]}})
+    };
+    let (published, (), ()) = tokio::join!(
+        publish::publish(
+            &d,
+            csi::ControllerPublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: "vnode-east".into(),
+                volume_capability: Some(capability()),
+                ..Default::default()
+            }
+        ),
+        async {
+            // A whole-cluster virtual node is looked up as a member node name.
+            if labels.get(TOPOLOGY_MEMBER_NODE_KEY).is_none() {
+                member
+                    .expect("GET", "/api/v1/nodes/vnode-east")
+                    .await
+                    .not_found();
+            }
+            member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                       "metadata": {"name": pvc, "namespace": "relay",
+                                    "annotations": {VOLUME_ID_ANNOTATION: vol.volume_id}},
+                       "status": {"phase": "Pending"}}),
+            );
+            member.expect_idle().await;
+        },
+        async {
+            host.expect("GET", "/api/v1/nodes/vnode-east")
+                .await
+                .ok(vnode());
+            assert_eq!(applied(&mut host).await, "NODE_READY");
+            host.expect("GET", "/api/v1/nodes/vnode-east")
+                .await
+                .ok(vnode());
+        }
+    );
+    let published = published.unwrap();
+    assert!(published.publish_context.is_empty(), "{published:?}");
+}
+
+/// Answers the controller's two applies as the API server does (the whole
+/// object, whose spec the status apply's answer carries too); returns the
+/// phase.
+async fn mirrored(host: &mut MockApi) -> String {
+    let spec = host.next().await;
+    assert!(spec.method == "PATCH" && spec.path.starts_with(RV) && !spec.path.ends_with("/status"));
+    let object = spec.body.clone();
+    spec.ok(object.clone());
+    let status = host.next().await;
+    assert!(status.path.ends_with("/status"), "{}", status.path);
+    let phase = status.body["status"]["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut whole = object;
+    whole["status"] = status.body["status"].clone();
+    status.ok(whole);
+    phase
+}
+
+fn mirrored_driver(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
+    let (d, writer, member, host_api) = controller(dir);
+    let mirror = crate::k8s::mirror::RelayMirror::new(writer, crate::grpc::status::code_name);
+    (d.with_mirror(Arc::new(mirror)), member, host_api)
+}
+
+// A controller that loses its state dir rebuilds from RelayVolumes: a call
+// whose RelayVolume cannot be written fails before the member is asked for
+// anything, and the next call on the volume writes it before going on. A
+// removal that did not reach the host is made by the retry of DeleteVolume,
+// although the store no longer holds the volume.
+#[tokio::test(start_paused = true)]
+async fn nothing_is_acknowledged_or_made_in_the_member_before_its_relayvolume_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = mirrored_driver(tmp.path());
+
+    let (first, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            let apply = host.next().await;
+            assert!(
+                apply.method == "PATCH" && apply.path.starts_with(RV),
+                "{}",
+                apply.path
+            );
+            apply.refuse();
+        },
+        member.expect_idle()
+    );
+    let err = first.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        err.to_string().contains("RelayVolume could not be written"),
+        "{err}"
+    );
+
+    // The retry: the PROVISIONING record is written first, then the member
+    // claim is made, then CREATED.
+    let (second, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.created();
+            member.expect_idle().await;
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "PROVISIONING");
+            assert_eq!(mirrored(&mut host).await, "CREATED");
+        }
+    );
+    let vol = second.unwrap().volume.unwrap();
+
+    // A repeat is answered from the store: the copy is known to be current.
+    let (third, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        member.expect_idle(),
+        host.expect_idle()
+    );
+    assert_eq!(third.unwrap().volume.unwrap().volume_id, vol.volume_id);
+
+    let delete = || {
+        provision::delete_volume(
+            &d,
+            csi::DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                ..Default::default()
+            },
+        )
+    };
+    let rv = format!("{RV}/{}", vol.volume_id);
+    let (deleted, (), ()) = tokio::join!(
+        delete(),
+        async {
+            let pvc = vol.volume_context["relay.csi.dev/member-pvc"].clone();
+            member
+                .expect("GET", &format!("{PVCS}/{pvc}"))
+                .await
+                .not_found();
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "DELETING");
+            host.expect("DELETE", &rv).await.refuse();
+        }
+    );
+    assert_eq!(deleted.unwrap_err().code(), Code::Unavailable);
+    let (again, (), ()) = tokio::join!(delete(), member.expect_idle(), async {
+        host.expect("DELETE", &rv)
+            .await
+            .ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+    });
+    again.unwrap();
+    let (last, (), ()) = tokio::join!(delete(), member.expect_idle(), host.expect_idle());
+    last.unwrap();
+}
+
+/// Answers a status apply with a whole object, as the API server does.
+fn answer_whole(call: testing::Call) {
+    let mut whole = call.body.clone();
+    whole["spec"] = json!({"volumeId": "v", "volumeName": "n", "capacityBytes": 1, "record": "{}"});
+    call.ok(whole);
+}
+
+// A create the member refuses shows why on its RelayVolume (a field
+// manager of its own, so the controller's status applies keep it), the
+// retry that succeeds takes it away, and a create whose host claim is
+// deleted meanwhile is rolled back by the next check, not an hour later.
+#[tokio::test(start_paused = true)]
+async fn a_refused_create_shows_why_and_goes_with_its_claim() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, mut host) = mirrored_driver(tmp.path());
+    let (first, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.already_exists();
+            let mut foreign = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "namespace": "relay", "uid": "u-1"},
+                "status": {"phase": "Bound"}});
+            foreign["spec"] = json!({"volumeName": "pv-other"});
+            member
+                .expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(foreign);
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "PROVISIONING");
+            let note = host.next().await;
+            assert!(note.path.ends_with("/status"), "{}", note.path);
+            assert_eq!(note.query_map()["fieldManager"], "csi-relay-errors");
+            let text = note.body["status"]["lastError"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                text.starts_with("CreateVolume: AlreadyExists: member cluster east"),
+                "{text}"
+            );
+            assert!(text.contains("relay/data"), "{text}");
+            assert!(note.body["status"]["lastErrorTime"].is_string());
+            assert!(note.body["status"].get("phase").is_none());
+            answer_whole(note);
+        }
+    );
+    assert_eq!(first.unwrap_err().code(), Code::AlreadyExists);
+
+    // The retry succeeds: CREATED, and the failure is cleared by applying
+    // nothing under its manager.
+    let (second, (), ()) = tokio::join!(
+        provision::create_volume(&d, create_request()),
+        async {
+            member.expect("POST", PVCS).await.created();
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "CREATED");
+            let clear = host.next().await;
+            assert_eq!(clear.query_map()["fieldManager"], "csi-relay-errors");
+            assert_eq!(clear.body["status"], json!({}));
+            answer_whole(clear);
+            host.expect_idle().await;
+        }
+    );
+    second.unwrap();
+
+    // Another claim's create is refused, and its claim is then deleted.
+    let mut other = create_request();
+    other.name = "pvc-9f8e".into();
+    other
+        .parameters
+        .insert("csi.storage.k8s.io/pvc/name".into(), "cache".into());
+    let (refused, (), ()) = tokio::join!(
+        provision::create_volume(&d, other.clone()),
+        async {
+            member
+                .expect("POST", PVCS)
+                .await
+                .status(403, "Forbidden", "quota exceeded");
+        },
+        async {
+            assert_eq!(mirrored(&mut host).await, "PROVISIONING");
+            answer_whole(host.next().await);
+        }
+    );
+    assert!(refused.is_err());
+    let mut report = crate::ops::housekeeping::Report::default();
+    let (swept, (), ()) = tokio::join!(
+        crate::ops::housekeeping::sweep_abandoned(&d, &mut report),
+        async {
+            // Rolled back: the member claim (never made) and the record.
+            member
+                .expect("GET", &format!("{PVCS}/cache"))
+                .await
+                .not_found();
+        },
+        async {
+            // The host claim "cache" is gone (the Ready volume's claim is
+            // not even looked at).
+            host.expect(
+                "GET",
+                "/api/v1/namespaces/shop/persistentvolumeclaims/cache",
+            )
+            .await
+            .not_found();
+            // Its RelayVolume goes with it.
+            let gone = host.next().await;
+            assert!(
+                gone.method == "DELETE" && gone.path.starts_with(RV),
+                "{}",
+                gone.path
+            );
+            gone.ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+            host.expect_idle().await;
+        }
+    );
+    swept.unwrap();
+    assert_eq!(report.abandoned_volumes, 1, "{report:?}");
+}

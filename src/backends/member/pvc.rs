@@ -1,0 +1,507 @@
+//! The member PersistentVolumeClaim (and its StorageClass and PV): manifest,
+//! idempotent create, lookups, delete, resize.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+
+use crate::backends::member::claim_copy;
+use crate::domain::capability::{AccessMode, Capability};
+use crate::domain::error::{CsiError, CsiResult};
+use crate::domain::params::VolumeParams;
+use crate::domain::quantity;
+use crate::domain::volume::Volume;
+use crate::k8s::cluster::Cluster;
+use crate::k8s::naming::{self, MemberVolume};
+
+const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+
+/// The member PVC's access modes for the volume's capabilities.
+pub fn access_modes(caps: &[Capability]) -> Vec<String> {
+    let mut modes: Vec<String> = Vec::new();
+    for cap in caps {
+        let mode = match cap.mode {
+            AccessMode::SingleNodeWriter
+            | AccessMode::SingleNodeReaderOnly
+            | AccessMode::SingleNodeMultiWriter => "ReadWriteOnce",
+            AccessMode::SingleNodeSingleWriter => "ReadWriteOncePod",
+            AccessMode::MultiNodeReaderOnly => "ReadOnlyMany",
+            AccessMode::MultiNodeSingleWriter | AccessMode::MultiNodeMultiWriter => "ReadWriteMany",
+        };
+        if !modes.iter().any(|m| m == mode) {
+            modes.push(mode.to_string());
+        }
+    }
+    if modes.is_empty() {
+        modes.push("ReadWriteOnce".into());
+    }
+    modes
+}
+
+/// Where a new member PVC's initial content comes from (same namespace).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataSource {
+    /// A member VolumeSnapshot.
+    Snapshot(String),
+    /// Another member PVC (a clone).
+    Claim(String),
+}
+
+/// Everything a member PVC is made from.
+pub struct ClaimPlan<'a> {
+    pub vol: &'a Volume,
+    pub at: &'a MemberVolume,
+    pub params: &'a VolumeParams,
+    pub data_source: Option<DataSource>,
+    /// Set as `volume.kubernetes.io/selected-node` (WaitForFirstConsumer).
+    pub selected_node: Option<&'a str>,
+    pub driver_name: &'a str,
+}
+
+pub fn manifest(plan: &ClaimPlan<'_>) -> PersistentVolumeClaim {
+    let (labels, mut annotations) =
+        naming::pvc_metadata(plan.vol, &plan.at.uuid, plan.params, plan.driver_name);
+    if let Some(node) = plan.selected_node {
+        annotations.insert(naming::SELECTED_NODE_ANNOTATION.into(), node.to_string());
+    }
+    let block = plan.vol.capabilities.iter().any(Capability::is_block);
+    let data_source = plan.data_source.as_ref().map(|s| match s {
+        DataSource::Snapshot(name) => TypedLocalObjectReference {
+            api_group: Some(crate::backends::member::snapshot::GROUP.into()),
+            kind: "VolumeSnapshot".into(),
+            name: name.clone(),
+        },
+        DataSource::Claim(name) => TypedLocalObjectReference {
+            api_group: None,
+            kind: "PersistentVolumeClaim".into(),
+            name: name.clone(),
+        },
+    });
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(plan.at.pvc.clone()),
+            namespace: Some(plan.at.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(access_modes(&plan.vol.capabilities)),
+            storage_class_name: plan.params.member_storage_class.clone(),
+            volume_mode: Some(if block { "Block" } else { "Filesystem" }.into()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(quantity::format_bytes(plan.vol.capacity_bytes)),
+                )])),
+                ..Default::default()
+            }),
+            data_source,
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn claims(cluster: &Cluster, namespace: &str) -> Api<PersistentVolumeClaim> {
+    Api::namespaced(cluster.client(), namespace)
+}
+
+/// How often one call replaces a mirroring system's copy of the claim
+/// before it gives the CO the retry (the copy reappeared each time).
+const REPLACE_ATTEMPTS: usize = 3;
+
+/// Creates the member PVC, or adopts the one a previous attempt created.
+/// A Kosmos copy of the host claim holding the name is replaced (see
+/// [`claim_copy`]).
+pub async fn ensure(
+    cluster: &Cluster,
+    pvc: &PersistentVolumeClaim,
+    volume_id: &str,
+) -> CsiResult<PersistentVolumeClaim> {
+    let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
+    let name = pvc.metadata.name.clone().unwrap_or_default();
+    let api = claims(cluster, &namespace);
+    let what = format!("create PersistentVolumeClaim {namespace}/{name}");
+    for _ in 0..REPLACE_ATTEMPTS {
+        match cluster
+            .create_or_missing(&what, api.create(&PostParams::default(), pvc))
+            .await?
+        {
+            Ok(Some(created)) => return Ok(created),
+            Ok(None) => {}
+            Err(why) => {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{}: namespace {namespace:?} of PersistentVolumeClaim {name} does not exist ({why}); create it there, or set the StorageClass parameter createMemberNamespace: \"true\"",
+                    cluster.label()
+                )))
+            }
+        }
+        // Already there: ours from an earlier attempt, or someone else's.
+        let Some(existing) = get(cluster, &namespace, &name).await? else {
+            continue;
+        };
+        if claim_copy::replaceable(&existing) {
+            claim_copy::remove(cluster, &existing).await?;
+            continue;
+        }
+        return adopt(cluster, existing, volume_id);
+    }
+    Err(CsiError::Aborted(format!(
+        "{}: PersistentVolumeClaim {namespace}/{name} was taken by another claim {REPLACE_ATTEMPTS} times while the relay created it; retry",
+        cluster.label()
+    )))
+}
+
+/// The claim found under the member PVC's name: the relay's own from an
+/// earlier attempt, or an error saying whose it is.
+fn adopt(
+    cluster: &Cluster,
+    existing: PersistentVolumeClaim,
+    volume_id: &str,
+) -> CsiResult<PersistentVolumeClaim> {
+    let namespace = existing.metadata.namespace.as_deref().unwrap_or_default();
+    let name = existing.metadata.name.as_deref().unwrap_or_default();
+    if !belongs_to(&existing, volume_id) {
+        let whose = match annotation(&existing, naming::VOLUME_ID_ANNOTATION) {
+            Some(other) => format!("the relay made it for volume {other}"),
+            None => format!(
+                "it has no {} annotation, so something else made it",
+                naming::VOLUME_ID_ANNOTATION
+            ),
+        };
+        return Err(CsiError::AlreadyExists(format!(
+            "{}: PersistentVolumeClaim {namespace}/{name} already exists and csi-relay did not create it for volume {volume_id} ({whose}); the relay never adopts or changes a claim it did not make: delete or rename that claim, or, where no pod expects the claim under the host claim's name, set the StorageClass parameter memberClaimName: generated",
+            cluster.label(),
+        )));
+    }
+    if existing.metadata.deletion_timestamp.is_some() {
+        return Err(CsiError::Aborted(format!(
+            "{}: PersistentVolumeClaim {namespace}/{name} is being deleted; retry once it is gone",
+            cluster.label()
+        )));
+    }
+    Ok(existing)
+}
+
+pub async fn get(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+) -> CsiResult<Option<PersistentVolumeClaim>> {
+    cluster
+        .fetch(
+            &format!("get PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, namespace).get(name),
+        )
+        .await
+}
+
+/// Whether the relay made `pvc` for this volume. Only then does it read,
+/// change, mount or delete it: a record (rebuilt from an editable
+/// RelayVolume, or one whose claim a mirroring system replaced) only says
+/// where to look.
+pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
+    annotation(pvc, naming::VOLUME_ID_ANNOTATION) == Some(volume_id)
+}
+
+/// The volume's member PVC: `None` when no claim holds its name, and
+/// FAILED_PRECONDITION when one does that is not the relay's for it.
+pub async fn owned(
+    cluster: &Cluster,
+    at: &MemberVolume,
+    volume_id: &str,
+) -> CsiResult<Option<PersistentVolumeClaim>> {
+    let Some(claim) = get(cluster, &at.namespace, &at.pvc).await? else {
+        return Ok(None);
+    };
+    if !belongs_to(&claim, volume_id) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{}: PersistentVolumeClaim {} is not the one csi-relay created for volume {volume_id} (its {} is {:?}); the relay does not touch it",
+            cluster.label(),
+            at.pvc_path(),
+            naming::VOLUME_ID_ANNOTATION,
+            annotation(&claim, naming::VOLUME_ID_ANNOTATION)
+        )));
+    }
+    Ok(Some(claim))
+}
+
+/// Deletes the volume's member PVC. Already gone is success, and so is a
+/// claim of that name that is not the relay's (a mirroring system deleted
+/// ours and made its own): it is left alone. The delete is conditional on
+/// the uid read, so a claim replaced in between is not deleted either.
+pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> CsiResult<()> {
+    let (namespace, name) = (&at.namespace, &at.pvc);
+    let Some(claim) = get(cluster, namespace, name).await? else {
+        return Ok(());
+    };
+    if !belongs_to(&claim, volume_id) {
+        tracing::warn!(member = %cluster.name(), pvc = %at.pvc_path(), volume_id, "member PVC of that name is not the relay's; left alone");
+        return Ok(());
+    }
+    delete_exactly(cluster, &claim).await
+}
+
+/// Deletes `claim` as read, only that object: the delete is conditional on
+/// its uid. Gone already, or replaced by another claim of the name (409),
+/// is success: that claim is not deleted.
+pub async fn delete_exactly(cluster: &Cluster, claim: &PersistentVolumeClaim) -> CsiResult<()> {
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let params = DeleteParams {
+        preconditions: claim.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match cluster
+        .remove(
+            &format!("delete PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, namespace).delete(name, &params),
+        )
+        .await
+    {
+        Err(CsiError::Aborted(_)) | Ok(()) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every member PVC the relay named `driver_name` made (by its marks).
+pub async fn made_by(
+    cluster: &Cluster,
+    driver_name: &str,
+) -> CsiResult<Vec<PersistentVolumeClaim>> {
+    let params =
+        ListParams::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
+    let list = cluster
+        .run(
+            "list csi-relay PersistentVolumeClaims",
+            Api::<PersistentVolumeClaim>::all(cluster.client()).list(&params),
+        )
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|c| annotation(c, naming::DRIVER_ANNOTATION) == Some(driver_name))
+        .collect())
+}
+
+pub async fn get_pv(cluster: &Cluster, name: &str) -> CsiResult<Option<PersistentVolume>> {
+    cluster
+        .fetch(
+            &format!("get PersistentVolume {name}"),
+            Api::<PersistentVolume>::all(cluster.client()).get(name),
+        )
+        .await
+}
+
+/// Tells the member's WaitForFirstConsumer provisioner which node to use.
+pub async fn select_node(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    node: &str,
+) -> CsiResult<()> {
+    let patch = serde_json::json!({
+        "metadata": {"annotations": {naming::SELECTED_NODE_ANNOTATION: node}}
+    });
+    cluster
+        .run(
+            &format!("annotate PersistentVolumeClaim {namespace}/{name} with its selected node"),
+            claims(cluster, namespace).patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Raises the member PVC's storage request; returns the member's answer.
+pub async fn request_storage(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    bytes: u64,
+) -> CsiResult<PersistentVolumeClaim> {
+    let patch = serde_json::json!({
+        "spec": {"resources": {"requests": {"storage": quantity::format_bytes(bytes)}}}
+    });
+    cluster
+        .run(
+            &format!("resize PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, namespace).patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+}
+
+/// The named StorageClass (FAILED_PRECONDITION when the member has none of
+/// that name), or without a name the member's default one, if any.
+pub async fn storage_class(
+    cluster: &Cluster,
+    name: Option<&str>,
+) -> CsiResult<Option<StorageClass>> {
+    let api = Api::<StorageClass>::all(cluster.client());
+    if let Some(name) = name {
+        return match cluster
+            .fetch(&format!("get StorageClass {name}"), api.get(name))
+            .await?
+        {
+            Some(sc) => Ok(Some(sc)),
+            None => Err(CsiError::FailedPrecondition(format!(
+                "{} has no StorageClass {name:?} (parameter memberStorageClass)",
+                cluster.label()
+            ))),
+        };
+    }
+    let all = cluster
+        .run("list StorageClasses", api.list(&ListParams::default()))
+        .await?;
+    Ok(all.items.into_iter().find(|sc| {
+        sc.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+            .is_some_and(|v| v == "true")
+    }))
+}
+
+pub fn binds_late(sc: &StorageClass) -> bool {
+    sc.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer")
+}
+
+pub fn phase(pvc: &PersistentVolumeClaim) -> &str {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+pub fn bound_pv(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|n| !n.is_empty())
+}
+
+pub fn annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
+    pvc.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// The capacity the member reports for the bound volume.
+pub fn capacity(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| quantity::parse_bytes(&q.0))
+}
+
+/// The member PVC's requested size.
+pub fn requested(pvc: &PersistentVolumeClaim) -> Option<u64> {
+    pvc.spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .and_then(|q| quantity::parse_bytes(&q.0))
+}
+
+/// The member PVC's conditions as (type, message).
+pub fn conditions(pvc: &PersistentVolumeClaim) -> Vec<(String, String)> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .map(|cs| {
+            cs.iter()
+                .map(|c| (c.type_.clone(), c.message.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The member's resize state of "storage" (allocatedResourceStatuses).
+pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    pvc.status
+        .as_ref()
+        .and_then(|s| s.allocated_resource_statuses.as_ref())
+        .and_then(|m| m.get("storage"))
+        .map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::capability::AccessType;
+
+    fn cap(mode: AccessMode, block: bool) -> Capability {
+        Capability {
+            mode,
+            access: if block {
+                AccessType::Block
+            } else {
+                AccessType::Mount {
+                    fs_type: String::new(),
+                    mount_flags: vec![],
+                    volume_mount_group: String::new(),
+                }
+            },
+        }
+    }
+
+    #[test]
+    fn access_modes_follow_the_csi_modes() {
+        use AccessMode::*;
+        let cases: [(&[AccessMode], &[&str]); 5] = [
+            (&[SingleNodeWriter], &["ReadWriteOnce"]),
+            (&[SingleNodeSingleWriter], &["ReadWriteOncePod"]),
+            (&[MultiNodeReaderOnly], &["ReadOnlyMany"]),
+            (
+                &[MultiNodeMultiWriter, MultiNodeSingleWriter],
+                &["ReadWriteMany"],
+            ),
+            (
+                &[SingleNodeWriter, MultiNodeReaderOnly],
+                &["ReadWriteOnce", "ReadOnlyMany"],
+            ),
+        ];
+        for (modes, want) in cases {
+            let caps: Vec<Capability> = modes.iter().map(|m| cap(*m, false)).collect();
+            assert_eq!(access_modes(&caps), want, "{modes:?}");
+        }
+    }
+
+    #[test]
+    fn status_helpers_read_the_member_answer() {
+        let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "x", "annotations": {"a": "b"}},
+            "spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": "2Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"},
+                       "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+                       "conditions": [{"type": "Resizing", "status": "True", "message": "m"}]}
+        }))
+        .unwrap();
+        assert_eq!(phase(&pvc), "Bound");
+        assert_eq!(bound_pv(&pvc), Some("pv-1"));
+        assert_eq!(capacity(&pvc), Some(1 << 30));
+        assert_eq!(requested(&pvc), Some(2 << 30));
+        assert_eq!(annotation(&pvc, "a"), Some("b"));
+        assert_eq!(resize_status(&pvc), Some("ControllerResizeInProgress"));
+        assert_eq!(
+            conditions(&pvc),
+            [("Resizing".to_string(), "m".to_string())]
+        );
+        assert_eq!(phase(&PersistentVolumeClaim::default()), "Pending");
+        let _ = cap(AccessMode::SingleNodeWriter, true);
+    }
+}

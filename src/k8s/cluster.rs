@@ -1,0 +1,146 @@
+//! One Kubernetes cluster (a member, or the host) and the bounded way to call
+//! it: every call gets a deadline and one error mapping.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::domain::error::{CsiError, CsiResult};
+use crate::k8s::error::{classify, timed_out, to_csi, Failure};
+use crate::k8s::CALL_TIMEOUT;
+
+#[derive(Clone)]
+pub struct Cluster {
+    name: String,
+    label: String,
+    client: kube::Client,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").field("name", &self.name).finish()
+    }
+}
+
+impl Cluster {
+    /// A member cluster called `name` (as `--member` and StorageClasses name it).
+    pub fn member(name: &str, client: kube::Client) -> Self {
+        Cluster {
+            name: name.to_string(),
+            label: format!("member cluster {name}"),
+            client,
+            timeout: CALL_TIMEOUT,
+        }
+    }
+
+    /// The host cluster (where the CO and the RelayVolume objects live).
+    pub fn host(client: kube::Client) -> Self {
+        Cluster {
+            name: "host".into(),
+            label: "host cluster".into(),
+            client,
+            timeout: CALL_TIMEOUT,
+        }
+    }
+
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// "member cluster east" / "host cluster", for messages.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    async fn attempt<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Err(_) => Err(Failure::Other(timed_out(&self.label, what, self.timeout))),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(classify(&self.label, what, e)),
+        }
+    }
+
+    fn fail(&self, what: &str, failure: Failure) -> CsiError {
+        to_csi(&self.label, what, failure)
+    }
+
+    /// Any call: every failure mapped.
+    pub async fn run<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> CsiResult<T> {
+        self.attempt(what, call)
+            .await
+            .map_err(|f| self.fail(what, f))
+    }
+
+    /// A read where 404 means absent.
+    pub async fn fetch<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> CsiResult<Option<T>> {
+        match self.attempt(what, call).await {
+            Ok(v) => Ok(Some(v)),
+            Err(Failure::Api { code: 404, .. }) => Ok(None),
+            Err(f) => Err(self.fail(what, f)),
+        }
+    }
+
+    /// A create where 409 means it already exists (`None`): the caller reads
+    /// the existing object and carries on.
+    pub async fn create<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> CsiResult<Option<T>> {
+        match self.attempt(what, call).await {
+            Ok(v) => Ok(Some(v)),
+            Err(Failure::Api { code: 409, .. }) => Ok(None),
+            Err(f) => Err(self.fail(what, f)),
+        }
+    }
+
+    /// A create that may find the object's API or namespace missing: 404
+    /// comes back as `Err(Ok(message))` for the caller to explain.
+    pub async fn create_or_missing<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> CsiResult<Result<Option<T>, String>> {
+        match self.attempt(what, call).await {
+            Ok(v) => Ok(Ok(Some(v))),
+            Err(Failure::Api { code: 409, .. }) => Ok(Ok(None)),
+            Err(Failure::Api {
+                code: 404, message, ..
+            }) => Ok(Err(message)),
+            Err(f) => Err(self.fail(what, f)),
+        }
+    }
+
+    /// A delete where 404 means already gone.
+    pub async fn remove<T>(
+        &self,
+        what: &str,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> CsiResult<()> {
+        match self.attempt(what, call).await {
+            Ok(_) | Err(Failure::Api { code: 404, .. }) => Ok(()),
+            Err(f) => Err(self.fail(what, f)),
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! The Kubernetes API: one bounded way to call a cluster (`cluster`), its
+//! errors as CSI errors (`error`), the names of what the relay creates
+//! (`naming`), the `RelayVolume` resource and its writers (`relay_volume`,
+//! `mirror`, `relay_summary`), what member clusters report of the relay's
+//! volumes (`observation`), and the virtual-node registrar.
+//!
+//! May import: `domain`, `rt`, `store`.
+
+pub mod cluster;
+pub mod connect;
+pub mod error;
+pub mod member_view;
+pub mod mirror;
+pub mod naming;
+pub mod nodes;
+pub mod observation;
+pub mod registrar;
+pub mod relay_summary;
+pub mod relay_volume;
+pub mod watched;
+
+#[cfg(test)]
+pub(crate) mod testing;
+
+use std::time::Duration;
+
+/// Upper bound of one Kubernetes API call (connect, send, answer).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Upper bound of a wait for a member object to converge (VolumeAttachment
+/// attached or gone, VolumeSnapshot ready). Below the sidecars' default
+/// 15 s RPC timeout, so the CO's retry, not its deadline, ends a long wait.
+pub const WAIT_BUDGET: Duration = Duration::from_secs(8);
+/// Interval between two looks at a converging object.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// Server-side apply field manager of the controller.
+pub const FIELD_MANAGER: &str = "csi-relay";

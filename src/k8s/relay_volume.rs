@@ -1,0 +1,676 @@
+//! `RelayVolume`: every volume's state, visible in the host cluster
+//! (`kubectl get relayvolumes`), and what a controller that lost its store
+//! rebuilds it from.
+//!
+//! The object is server-side applied, with one field manager per writer so
+//! their fields never clobber each other: the controller (`csi-relay`) owns
+//! the spec, the overall phase and each node's attachment; the node plugin
+//! on node N (`csi-relay-node-N`) owns N's entry's phase, staging path and
+//! targets. `status.nodes` is a list-map keyed by `node`, so applies of
+//! different writers merge per node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{CustomResource, CustomResourceExt};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::domain::error::{CsiError, CsiResult};
+use crate::domain::observers::VolumeObserver;
+use crate::domain::settings::Mode;
+use crate::domain::volume::{Backing, Lifecycle, NodeRecord, Phase, Volume};
+use crate::k8s::cluster::Cluster;
+use crate::k8s::naming::{self, MemberVolume};
+use crate::k8s::FIELD_MANAGER;
+use crate::ops::driver::Driver;
+
+pub const GROUP: &str = "relay.csi.dev";
+pub const VERSION: &str = "v1alpha1";
+/// Observer calls are on the RPC path: a slow host API costs at most this.
+pub const OBSERVER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The record is one JSON string, not an object: server-side apply merges
+/// objects field by field, and a map the controller empties (an
+/// attachment's publish_context, dropped at rebuild) came back as `null`,
+/// which made the record unreadable and the volume lost at the next
+/// rebuild. A string is applied whole.
+fn record_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    // Objects written by earlier versions are read too.
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    })
+}
+
+/// Where a volume lives and what it is.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "relay.csi.dev",
+    version = "v1alpha1",
+    kind = "RelayVolume",
+    plural = "relayvolumes",
+    shortname = "rv",
+    status = "RelayVolumeStatus",
+    doc = "A csi-relay volume: where it lives and how far each node has got with it",
+    printcolumn = r#"{"name": "PHASE", "type": "string", "jsonPath": ".status.phase"}"#,
+    printcolumn = r#"{"name": "MEMBER", "type": "string", "jsonPath": ".spec.member"}"#,
+    printcolumn = r#"{"name": "MEMBER-PVC", "type": "string", "jsonPath": ".spec.memberPvc"}"#,
+    printcolumn = r#"{"name": "NODES", "type": "string", "jsonPath": ".status.nodeSummary"}"#,
+    printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name": "LAST-ERROR", "type": "string", "jsonPath": ".status.lastError"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayVolumeSpec {
+    /// The CSI volume id.
+    pub volume_id: String,
+    /// The CSI volume name (the host PV's name).
+    pub volume_name: String,
+    pub capacity_bytes: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    /// namespace/name of the member PVC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_pvc: Option<String>,
+    /// namespace/name of the host PVC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_pvc: Option<String>,
+    /// The controller's record of the volume (JSON), to rebuild its store from.
+    #[serde(deserialize_with = "record_text")]
+    pub record: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayVolumeStatus {
+    /// PROVISIONING, CREATED, NODE_READY, VOL_READY, PUBLISHED or DELETING.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// node=PHASE for every node the controller knows about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_summary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub nodes: Option<Vec<RelayNodeStatus>>,
+    /// Why the last call on the volume failed (`<call>: <CSI code>: <message>`),
+    /// while it has not moved on since; written by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When that call failed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error_time: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayNodeStatus {
+    /// A host node, or `<member>/<member node>` for what the member
+    /// cluster reports (pods that run there).
+    pub node: String,
+    /// The member cluster, for member-node entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+    /// namespace/name of the member pods using the volume on that node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<Vec<String>>,
+    /// ControllerPublishVolume done (NODE_READY), written by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readonly: Option<bool>,
+    /// NODE_READY, VOL_READY or PUBLISHED, written by the node plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub targets: Option<Vec<String>>,
+}
+
+/// The CRD as YAML, for deploy/.
+pub fn crd_yaml() -> Result<String, String> {
+    serde_saphyr::to_string(&RelayVolume::crd()).map_err(|e| format!("render CRD: {e}"))
+}
+
+/// The object name of a volume: its id when that is a valid name.
+pub fn object_name(volume_id: &str) -> String {
+    if naming::is_dns_subdomain(volume_id) {
+        volume_id.to_string()
+    } else {
+        format!("v-{:016x}", naming::fnv64(volume_id))
+    }
+}
+
+/// The record as the controller rebuilds it: attachments only, no node-side
+/// mount state.
+fn controller_record(vol: &Volume) -> Volume {
+    let mut record = vol.clone();
+    record.nodes = vol
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.attachment.is_some())
+        .map(|(id, n)| {
+            (
+                id.clone(),
+                NodeRecord {
+                    attachment: n.attachment.clone(),
+                    stage: None,
+                    targets: BTreeMap::new(),
+                },
+            )
+        })
+        .collect();
+    record
+}
+
+fn overall_phase(vol: &Volume) -> String {
+    match vol.lifecycle {
+        Lifecycle::Provisioning => "PROVISIONING".into(),
+        Lifecycle::Deleting => "DELETING".into(),
+        Lifecycle::Ready => vol.phase().as_str().into(),
+    }
+}
+
+fn node_state(node: &str, n: &NodeRecord) -> RelayNodeStatus {
+    RelayNodeStatus {
+        node: node.to_string(),
+        phase: Some(n.phase().as_str().to_string()),
+        staging_path: n.stage.as_ref().map(|s| s.path.clone()),
+        targets: Some(n.targets.keys().cloned().collect()),
+        ..Default::default()
+    }
+}
+
+pub fn spec_of(vol: &Volume) -> CsiResult<RelayVolumeSpec> {
+    let (member, member_pvc) = match &vol.backing {
+        Backing::Member { .. } => {
+            let m = MemberVolume::of(vol)?;
+            (Some(m.member.clone()), Some(m.pvc_path()))
+        }
+        _ => (None, None),
+    };
+    let host_pvc = match (
+        vol.parameters.get("csi.storage.k8s.io/pvc/namespace"),
+        vol.parameters.get("csi.storage.k8s.io/pvc/name"),
+    ) {
+        (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+        _ => None,
+    };
+    Ok(RelayVolumeSpec {
+        volume_id: vol.id.clone(),
+        volume_name: vol.name.clone(),
+        capacity_bytes: vol.capacity_bytes.min(i64::MAX as u64) as i64,
+        member,
+        member_pvc,
+        host_pvc,
+        record: serde_json::to_string(&controller_record(vol))
+            .map_err(|e| CsiError::Internal(format!("encode volume record: {e}")))?,
+    })
+}
+
+/// Who writes: the controller (with node state too when it also serves the
+/// node service, standalone), or the node plugin of one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    Controller { with_node_state: bool },
+    Node { node_id: String },
+}
+
+impl Role {
+    pub fn for_mode(mode: Mode, node_id: &str) -> Self {
+        match mode {
+            Mode::All => Role::Controller {
+                with_node_state: true,
+            },
+            Mode::Controller => Role::Controller {
+                with_node_state: false,
+            },
+            Mode::Node => Role::Node {
+                node_id: node_id.to_string(),
+            },
+        }
+    }
+
+    pub fn field_manager(&self) -> String {
+        match self {
+            Role::Controller { .. } => FIELD_MANAGER.to_string(),
+            Role::Node { node_id } => {
+                let m = format!("{FIELD_MANAGER}-node-{node_id}");
+                // The API server allows at most 128 characters.
+                if m.len() <= 128 {
+                    m
+                } else {
+                    format!("{FIELD_MANAGER}-node-{:016x}", naming::fnv64(node_id))
+                }
+            }
+        }
+    }
+}
+
+fn parse_phase(s: &str) -> Option<Phase> {
+    [
+        Phase::Created,
+        Phase::NodeReady,
+        Phase::VolReady,
+        Phase::Published,
+    ]
+    .into_iter()
+    .find(|p| p.as_str() == s)
+}
+
+/// How far one `status.nodes` entry (of any writer) has got.
+fn entry_phase(e: &RelayNodeStatus) -> Option<Phase> {
+    e.phase
+        .as_deref()
+        .and_then(parse_phase)
+        .or((e.attached == Some(true)).then_some(Phase::NodeReady))
+}
+
+/// The overall phase and node summary of `vol`: the furthest state of any
+/// node, from the controller's own record and from every entry the object
+/// holds (node plugins' and the member clusters' alike).
+pub fn summary(vol: &Volume, seen: Option<&RelayVolumeStatus>) -> (String, String) {
+    let mut phases: BTreeMap<String, Phase> = vol
+        .nodes
+        .iter()
+        .filter(|(_, n)| !n.is_empty())
+        .map(|(id, n)| (id.clone(), n.phase()))
+        .collect();
+    for e in seen.and_then(|s| s.nodes.as_ref()).into_iter().flatten() {
+        if let Some(p) = entry_phase(e) {
+            let slot = phases.entry(e.node.clone()).or_insert(p);
+            *slot = (*slot).max(p);
+        }
+    }
+    let phase = match vol.lifecycle {
+        Lifecycle::Ready => phases
+            .values()
+            .copied()
+            .fold(vol.phase(), Phase::max)
+            .as_str()
+            .to_string(),
+        _ => overall_phase(vol),
+    };
+    let nodes = phases
+        .iter()
+        .map(|(id, p)| format!("{id}={}", p.as_str()))
+        .collect::<Vec<_>>()
+        .join(",");
+    (phase, nodes)
+}
+
+/// The status this writer owns for `vol`; `seen` is the object as last
+/// watched (the controller folds every writer's entries into its phase).
+pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) -> RelayVolumeStatus {
+    match role {
+        Role::Controller { with_node_state } => {
+            let nodes = vol
+                .nodes
+                .iter()
+                .filter(|(_, n)| !n.is_empty())
+                .map(|(id, n)| {
+                    let mut s = if *with_node_state {
+                        node_state(id, n)
+                    } else {
+                        RelayNodeStatus {
+                            node: id.clone(),
+                            ..Default::default()
+                        }
+                    };
+                    s.attached = Some(n.attachment.is_some());
+                    s.readonly = n.attachment.as_ref().map(|a| a.readonly);
+                    s
+                })
+                .collect::<Vec<_>>();
+            let (phase, summary) = summary(vol, seen);
+            RelayVolumeStatus {
+                phase: Some(phase),
+                node_summary: Some(summary),
+                nodes: Some(nodes),
+                ..Default::default()
+            }
+        }
+        Role::Node { node_id } => RelayVolumeStatus {
+            phase: None,
+            node_summary: None,
+            nodes: Some(
+                vol.node(node_id)
+                    .filter(|n| !n.is_empty())
+                    .map(|n| node_state(node_id, n))
+                    .into_iter()
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> CsiResult<serde_json::Value> {
+    serde_json::to_value(value).map_err(|e| CsiError::Internal(format!("encode RelayVolume: {e}")))
+}
+
+/// A server-side apply body setting `field` of RelayVolume `name`.
+pub fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "RelayVolume",
+        "metadata": {"name": name},
+        field: value,
+    })
+}
+
+/// Mirrors volume records into RelayVolumes in the host cluster.
+#[derive(Clone)]
+pub struct RelayVolumeObserver {
+    host: Cluster,
+    role: Role,
+    /// The RelayVolumes as watched (controller): every writer's entries.
+    view: Option<kube::runtime::reflector::Store<RelayVolume>>,
+}
+
+impl RelayVolumeObserver {
+    pub fn new(host: Cluster, role: Role) -> Self {
+        RelayVolumeObserver {
+            host: host.with_timeout(OBSERVER_TIMEOUT),
+            role,
+            view: None,
+        }
+    }
+
+    /// Folds the watched objects' entries into the phase it writes.
+    pub fn with_view(mut self, view: kube::runtime::reflector::Store<RelayVolume>) -> Self {
+        self.view = Some(view);
+        self
+    }
+
+    fn seen(&self, name: &str) -> Option<RelayVolumeStatus> {
+        let view = self.view.as_ref()?;
+        view.get(&kube::runtime::reflector::ObjectRef::new(name))?
+            .status
+            .clone()
+    }
+
+    fn api(&self) -> Api<RelayVolume> {
+        Api::all(self.host.client())
+    }
+
+    /// Applies this writer's view of `vol`. `Ok(false)`: a node's entry
+    /// found no object yet (the controller's first apply is on its way).
+    pub async fn apply(&self, vol: &Volume) -> CsiResult<bool> {
+        let name = object_name(&vol.id);
+        let params = PatchParams::apply(&self.role.field_manager()).force();
+        if let Role::Controller { .. } = self.role {
+            let mut body = apply_body(&name, "spec", encode(&spec_of(vol)?)?);
+            body["metadata"]["labels"] = serde_json::json!({naming::MANAGED_BY: naming::MANAGER});
+            self.host
+                .run(
+                    &format!("apply RelayVolume {name}"),
+                    self.api().patch(&name, &params, &Patch::Apply(&body)),
+                )
+                .await?;
+        }
+        let landed = self.apply_status(vol).await?;
+        match self.role {
+            Role::Controller { .. } if !landed => Err(CsiError::Unavailable(format!(
+                "{}: RelayVolume {name} was deleted while it was written",
+                self.host.label()
+            ))),
+            // A node may get ahead of the controller's first apply.
+            _ => Ok(landed),
+        }
+    }
+
+    /// Applies this writer's status of `vol` only. A status apply never
+    /// creates the object: `Ok(false)` when it does not exist.
+    pub async fn apply_status(&self, vol: &Volume) -> CsiResult<bool> {
+        let name = object_name(&vol.id);
+        let params = PatchParams::apply(&self.role.field_manager()).force();
+        let seen = self.seen(&name);
+        let body = apply_body(
+            &name,
+            "status",
+            encode(&status_of(vol, &self.role, seen.as_ref()))?,
+        );
+        let api = self.api();
+        let patch = Patch::Apply(&body);
+        self.host
+            .fetch(
+                &format!("apply RelayVolume {name} status"),
+                api.patch_status(&name, &params, &patch),
+            )
+            .await
+            .map(|o| o.is_some())
+    }
+
+    /// Whether the watched object shows a failure (`status.lastError`).
+    pub fn shows_failure(&self, id: &str) -> bool {
+        self.seen(&object_name(id))
+            .is_some_and(|s| s.last_error.is_some())
+    }
+
+    /// Sets (`Some`) or clears (`None`) `status.lastError` of volume `id`'s
+    /// object. Its own field manager owns the two fields, so the writers of
+    /// the rest never drop them, and applying none removes them. A missing
+    /// object is left missing.
+    pub async fn apply_failure(&self, id: &str, failure: Option<&str>) -> CsiResult<()> {
+        let name = object_name(id);
+        let params = PatchParams::apply(&format!("{FIELD_MANAGER}-errors")).force();
+        let status = match failure {
+            Some(text) => serde_json::json!({
+                "lastError": text,
+                "lastErrorTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            }),
+            None => serde_json::json!({}),
+        };
+        let body = apply_body(&name, "status", status);
+        self.host
+            .fetch(
+                &format!("apply RelayVolume {name} status.lastError"),
+                self.api()
+                    .patch_status(&name, &params, &Patch::Apply(&body)),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Removes `vol`'s object (controller) or this node's entry (node).
+    pub async fn remove(&self, vol: &Volume) -> CsiResult<()> {
+        self.remove_id(&vol.id).await
+    }
+
+    /// `remove` of volume `id`.
+    pub async fn remove_id(&self, id: &str) -> CsiResult<()> {
+        let name = object_name(id);
+        match &self.role {
+            Role::Controller { .. } => {
+                self.host
+                    .remove(
+                        &format!("delete RelayVolume {name}"),
+                        self.api().delete(&name, &DeleteParams::default()),
+                    )
+                    .await
+            }
+            Role::Node { .. } => {
+                let params = PatchParams::apply(&self.role.field_manager()).force();
+                let body = apply_body(&name, "status", serde_json::json!({"nodes": []}));
+                self.host
+                    .fetch(
+                        &format!("apply RelayVolume {name} status"),
+                        self.api()
+                            .patch_status(&name, &params, &Patch::Apply(&body)),
+                    )
+                    .await
+                    .map(|_| ())
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl VolumeObserver for RelayVolumeObserver {
+    async fn changed(&self, vol: &Volume) -> bool {
+        if vol.ephemeral {
+            return true;
+        }
+        match self.apply(vol).await {
+            Ok(landed) => landed,
+            Err(e) => {
+                tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not updated; will retry");
+                false
+            }
+        }
+    }
+
+    async fn removed(&self, vol: &Volume) -> bool {
+        if vol.ephemeral {
+            return true;
+        }
+        match self.remove(vol).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume not removed; will retry");
+                false
+            }
+        }
+    }
+}
+
+/// What start-up made of the host cluster's RelayVolumes.
+#[derive(Debug)]
+pub struct Rebuilt {
+    /// Records the store lacked, restored from their RelayVolume.
+    pub restored: usize,
+    /// Member volumes whose RelayVolume is not the store's record: missing,
+    /// or holding another state (a controller stopped between the store's
+    /// write and the RelayVolume's).
+    pub lagging: Vec<String>,
+}
+
+/// Restores the volume records the store lacks from the host cluster's
+/// RelayVolumes (a controller whose state directory was lost), and finds
+/// the ones that lag the store, from one listing.
+pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<Rebuilt> {
+    let list = host
+        .fetch(
+            "list RelayVolumes",
+            Api::<RelayVolume>::all(host.client()).list(&ListParams::default()),
+        )
+        .await?
+        .ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "{}: the RelayVolume API ({GROUP}/{VERSION}) is not served; install its CRD: csi-relay crd | kubectl apply -f -",
+                host.label()
+            ))
+        })?;
+    let mut restored = 0;
+    let mut mirrored = std::collections::HashMap::with_capacity(list.items.len());
+    for item in list.items {
+        let vol: Volume = match serde_json::from_str(&item.spec.record) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(volume_id = %item.spec.volume_id, error = %e, "RelayVolume record unreadable; skipped");
+                continue;
+            }
+        };
+        let listed = item.spec.volume_id;
+        mirrored.insert(listed.clone(), item.spec.record);
+        let vol = match untrusted(vol) {
+            Ok(v) => v,
+            Err(why) => {
+                tracing::warn!(volume_id = %listed, reason = %why, "RelayVolume record refused; skipped");
+                continue;
+            }
+        };
+        let id = vol.id.clone();
+        let stored = driver.db(move |s| s.volume(&id)).await?;
+        let crate::domain::state::Step::Next(record) =
+            crate::domain::state::rebuilt(stored.as_ref(), vol)
+        else {
+            continue;
+        };
+        let vol = (*record).clone();
+        driver.db(move |s| s.put_volume(&record)).await?;
+        tracing::info!(volume_id = %vol.id, name = %vol.name, "volume record restored from its RelayVolume");
+        restored += 1;
+    }
+    let lagging = lagging(driver, &mirrored).await?;
+    Ok(Rebuilt { restored, lagging })
+}
+
+/// The member volumes of the store whose record differs from `mirrored`
+/// (volume id → the RelayVolume's record).
+async fn lagging(
+    driver: &Driver,
+    mirrored: &std::collections::HashMap<String, String>,
+) -> CsiResult<Vec<String>> {
+    let mut records = driver.db(|s| s.unfinished_volumes()).await?;
+    let mut after: Option<String> = None;
+    loop {
+        let from = after.clone();
+        let page = driver
+            .db(move |s| s.list_volumes(from.as_deref(), 1024))
+            .await?;
+        records.extend(page.items);
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    Ok(records
+        .into_iter()
+        .filter(|vol| !vol.ephemeral && matches!(vol.backing, Backing::Member { .. }))
+        .filter(|vol| !spec_of(vol).is_ok_and(|spec| mirrored.get(&vol.id) == Some(&spec.record)))
+        .map(|vol| vol.id)
+        .collect())
+}
+
+/// A RelayVolume is editable by anyone with RBAC on it, so a record read
+/// back from one is taken only as far as it can be checked: a member volume
+/// whose id, member and claim name agree (the claim name is derived from the
+/// id, so no edit can point it at someone else's claim). What node plugins
+/// mount (the attachments' publish_context) is never taken from it: it is
+/// dropped here and derived again from the member's PersistentVolume by the
+/// next ControllerPublishVolume.
+pub fn untrusted(mut vol: Volume) -> Result<Volume, String> {
+    let Some((member, _)) = naming::parse_volume_id(&vol.id) else {
+        return Err(format!("{:?} is not a member volume id", vol.id));
+    };
+    let Backing::Member {
+        member: backing_member,
+        namespace,
+        pvc,
+        ..
+    } = &vol.backing
+    else {
+        return Err("only member-cluster volumes are kept in RelayVolumes".into());
+    };
+    if backing_member != member {
+        return Err(format!(
+            "its member {backing_member:?} is not the one its id names ({member:?})"
+        ));
+    }
+    // The claim may be named after the host PVC; whatever the record says,
+    // the member backend acts only on a claim that carries this volume's
+    // id (`pvc::owned`), so a forged name reaches nothing else.
+    if !naming::is_dns_subdomain(pvc) {
+        return Err(format!("its member claim {pvc:?} is not a valid name"));
+    }
+    if !naming::is_dns_label(namespace) {
+        return Err(format!("namespace {namespace:?} is not a DNS label"));
+    }
+    if vol.ephemeral {
+        return Err("inline ephemeral volumes are never mirrored".into());
+    }
+    crate::domain::validate::id(&vol.name, "name").map_err(|e| e.to_string())?;
+    for node in vol.nodes.values_mut() {
+        if let Some(a) = node.attachment.as_mut() {
+            a.publish_context.clear();
+        }
+    }
+    Ok(vol)
+}
+
+#[cfg(test)]
+#[path = "relay_volume_tests.rs"]
+mod tests;

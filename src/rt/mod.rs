@@ -1,0 +1,14 @@
+//! Runtime plumbing: blocking work leaves the async threads bounded in
+//! number and time (`offload`, `bounded`), retries back off, one call per
+//! volume at a time (`limiter`), observers are fed from a queue, and the
+//! Prometheus counters live here.
+//!
+//! May import: `domain`.
+
+pub mod backoff;
+pub mod bounded;
+pub mod limiter;
+pub mod metrics;
+pub mod observer_queue;
+pub mod offload;
+pub mod unpoisoned;
