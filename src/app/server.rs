@@ -200,7 +200,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     // A controller that lost its state directory (an
                     // emptyDir in deploy/) gets its records back before it
                     // answers anything.
-                    let rebuilt = rebuild(&host, &driver).await?;
+                    let rebuilt = rebuild(&host, &driver.store).await?;
                     tracing::info!(
                         restored = rebuilt.restored,
                         lagging = rebuilt.lagging.len(),
@@ -214,7 +214,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                         restored = snapshots,
                         "snapshot records recovered from member VolumeSnapshots"
                     );
-                    start_summary(driver, controller_writer);
+                    start_summary(driver.store.clone(), controller_writer);
                     // Pods on virtual nodes run in the members: their
                     // state comes from there.
                     for (name, client) in member_watches {

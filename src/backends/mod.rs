@@ -7,7 +7,7 @@
 //! keyed by the driver's own record ids, so a retry after a timeout, a crash
 //! or a cancelled RPC converges on the same result without duplicates.
 //!
-//! May import: `domain`, `rt`, `os`, `store`, `k8s`.
+//! May import: `csi`, `domain`, `rt`, `os`, `store`, `k8s`.
 
 pub mod local;
 pub mod member;

@@ -3,7 +3,7 @@
 //! says what each call means for a volume's record. No I/O happens here:
 //! everything is a value in, a value (or a `CsiError`) out.
 //!
-//! May import: `csi` (the protocol's types it is decoded from).
+//! May import: `csi`.
 
 pub mod capability;
 pub mod error;

@@ -4,7 +4,7 @@
 //! `--endpoint` value and the filter that lets clients of any language
 //! reach a unix socket.
 //!
-//! May import: `domain`, `rt`, `os`, `store`, `k8s`, `backends`, `ops`.
+//! May import: `csi`, `domain`, `rt`, `os`, `store`, `k8s`, `backends`, `ops`.
 
 pub mod authority_filter;
 pub mod controller_service;

@@ -4,7 +4,7 @@
 //! `mirror`, `relay_summary`), what member clusters report of the relay's
 //! volumes (`observation`), and the virtual-node registrar.
 //!
-//! May import: `domain`, `rt`, `store`.
+//! May import: `csi`, `domain`, `rt`, `os`, `store`.
 
 pub mod cluster;
 pub mod connect;

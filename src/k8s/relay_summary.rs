@@ -11,14 +11,16 @@ use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::k8s::naming;
 use crate::k8s::relay_volume::{summary, RelayVolume, RelayVolumeObserver};
-use crate::ops::driver::Driver;
 
 /// Starts watching RelayVolumes through `watch_client`; returns the view
 /// the controller's writer reads entries from, and what starts the
 /// catching up with that writer.
 pub fn watch(
     watch_client: kube::Client,
-) -> (Store<RelayVolume>, impl FnOnce(Driver, RelayVolumeObserver)) {
+) -> (
+    Store<RelayVolume>,
+    impl FnOnce(crate::store::Store, RelayVolumeObserver),
+) {
     let (reader, writer) = reflector::store();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
@@ -34,13 +36,13 @@ pub fn watch(
                 rv.spec.record = String::new();
             }),
     );
-    let start = move |driver: Driver, relay: RelayVolumeObserver| {
+    let start = move |store: crate::store::Store, relay: RelayVolumeObserver| {
         tokio::spawn(async move {
             use tokio_stream::StreamExt;
             let mut stream = Box::pin(stream.applied_objects());
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(obj) => catch_up(&driver, &relay, &obj).await,
+                    Ok(obj) => catch_up(&store, &relay, &obj).await,
                     Err(e) => {
                         tracing::debug!(error = %e, "RelayVolume watch interrupted; resuming")
                     }
@@ -59,9 +61,9 @@ pub fn watch(
 /// write raises catches it up. (Under the guard, a call arriving meanwhile
 /// was refused ABORTED, and an event met while a call held the guard was
 /// lost.)
-async fn catch_up(driver: &Driver, relay: &RelayVolumeObserver, obj: &RelayVolume) {
+async fn catch_up(store: &crate::store::Store, relay: &RelayVolumeObserver, obj: &RelayVolume) {
     let id = &obj.spec.volume_id;
-    let Ok(Some(vol)) = driver.find_volume(id).await else {
+    let Ok(Some(vol)) = store.volume(id) else {
         return;
     };
     let (phase, nodes) = summary(&vol, obj.status.as_ref());
@@ -111,7 +113,7 @@ mod tests {
             .limiter
             .try_acquire(&[crate::rt::limiter::volume_key(&vol.id)])
             .unwrap();
-        let ((), ()) = tokio::join!(catch_up(&driver, &relay, &obj), async {
+        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &obj), async {
             let call = api.next().await;
             assert_eq!(call.method, "PATCH");
             assert!(call.path.ends_with("/status"), "status only: {}", call.path);

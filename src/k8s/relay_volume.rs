@@ -24,7 +24,7 @@ use crate::domain::volume::{Backing, Lifecycle, NodeRecord, Phase, Volume};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::{self, MemberVolume};
 use crate::k8s::FIELD_MANAGER;
-use crate::ops::driver::Driver;
+use crate::store::Store;
 
 pub const GROUP: &str = "relay.csi.dev";
 pub const VERSION: &str = "v1alpha1";
@@ -550,7 +550,7 @@ pub struct Rebuilt {
 /// Restores the volume records the store lacks from the host cluster's
 /// RelayVolumes (a controller whose state directory was lost), and finds
 /// the ones that lag the store, from one listing.
-pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<Rebuilt> {
+pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
     let list = host
         .fetch(
             "list RelayVolumes",
@@ -583,33 +583,33 @@ pub async fn rebuild(host: &Cluster, driver: &Driver) -> CsiResult<Rebuilt> {
             }
         };
         let id = vol.id.clone();
-        let stored = driver.db(move |s| s.volume(&id)).await?;
+        let stored = store.run(move |s| s.volume(&id)).await?;
         let crate::domain::state::Step::Next(record) =
             crate::domain::state::rebuilt(stored.as_ref(), vol)
         else {
             continue;
         };
         let vol = (*record).clone();
-        driver.db(move |s| s.put_volume(&record)).await?;
+        store.run(move |s| s.put_volume(&record)).await?;
         tracing::info!(volume_id = %vol.id, name = %vol.name, "volume record restored from its RelayVolume");
         restored += 1;
     }
-    let lagging = lagging(driver, &mirrored).await?;
+    let lagging = lagging(store, &mirrored).await?;
     Ok(Rebuilt { restored, lagging })
 }
 
 /// The member volumes of the store whose record differs from `mirrored`
 /// (volume id → the RelayVolume's record).
 async fn lagging(
-    driver: &Driver,
+    store: &Store,
     mirrored: &std::collections::HashMap<String, String>,
 ) -> CsiResult<Vec<String>> {
-    let mut records = driver.db(|s| s.unfinished_volumes()).await?;
+    let mut records = store.run(|s| s.unfinished_volumes()).await?;
     let mut after: Option<String> = None;
     loop {
         let from = after.clone();
-        let page = driver
-            .db(move |s| s.list_volumes(from.as_deref(), 1024))
+        let page = store
+            .run(move |s| s.list_volumes(from.as_deref(), 1024))
             .await?;
         records.extend(page.items);
         match page.next {

@@ -12,6 +12,7 @@ use crate::domain::capability::Capability;
 use crate::domain::settings::DriverConfig;
 use crate::domain::volume::{Attachment, Progress, Publication, Stage};
 use crate::k8s::testing;
+use crate::ops::driver::Driver;
 use crate::store::Store;
 
 const RV: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
@@ -242,7 +243,7 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
                "spec": serde_json::to_value(spec_of(vol).unwrap()).unwrap()})
     };
     let lost = volume();
-    let (restored, ()) = tokio::join!(rebuild(&host, &driver), async {
+    let (restored, ()) = tokio::join!(rebuild(&host, &driver.store), async {
         api.expect("GET", RV).await.ok(json!({
             "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList", "metadata": {},
             "items": [item(&known), item(&lost),
@@ -281,7 +282,7 @@ async fn a_host_without_the_crd_is_told_how_to_install_it() {
     let backend = MemberBackend::new(vec![east], None, "relay.csi.dev");
     let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
     let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
-    let (result, ()) = tokio::join!(rebuild(&host, &driver), async {
+    let (result, ()) = tokio::join!(rebuild(&host, &driver.store), async {
         api.expect("GET", RV).await.status(
             404,
             "NotFound",

@@ -4,7 +4,7 @@
 //! operation takes the decoded request and returns the reply or a
 //! `CsiError`; `grpc` only wires them to tonic.
 //!
-//! May import: `domain`, `rt`, `os`, `store`, `k8s`, `backends`.
+//! May import: `csi`, `domain`, `rt`, `os`, `store`, `k8s`, `backends`.
 
 pub mod controller;
 pub mod driver;

@@ -2,7 +2,7 @@
 //! syscalls, loop devices, filesystems and the tools that make them, and
 //! what a directory holds. No CSI types here.
 //!
-//! May import: `domain`, `rt`.
+//! May import: `csi`, `domain`, `rt`.
 
 pub mod dir_usage;
 pub mod filesystem;

@@ -3,7 +3,7 @@
 //! volume at a time (`limiter`), observers are fed from a queue, and the
 //! Prometheus counters live here.
 //!
-//! May import: `domain`.
+//! May import: `csi`, `domain`.
 
 pub mod backoff;
 pub mod bounded;

@@ -3,7 +3,7 @@
 //! it (`wal`), writers that share one sync (`group_commit`) and the records
 //! the log holds that redb does not yet (`overlay`).
 //!
-//! May import: `domain`, `rt`.
+//! May import: `csi`, `domain`, `rt`, `os`.
 
 mod db;
 pub mod error;

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use crate::backends::member::pvc::{self, ClaimPlan, DataSource};
-use crate::backends::member::{attach, capacity, namespace, snapshot};
+use crate::backends::member::{attach, capacity, claim_create, namespace, snapshot};
 use crate::backends::{
     Backend, CapacityReport, DataKind, Health, NodeSource, OwnAttachment, Placement, SourceData,
     StoredData,
@@ -421,7 +421,7 @@ impl Backend for MemberBackend {
         if Flag::on(params.create_member_namespace) {
             namespace::ensure(cluster, &at.namespace).await?;
         }
-        pvc::ensure(cluster, &claim, &vol.id).await?;
+        claim_create::ensure(cluster, &claim, &vol.id).await?;
         tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
         Ok(())
     }

@@ -17,6 +17,7 @@ pub mod attach;
 pub mod backend;
 pub mod capacity;
 pub mod claim_copy;
+pub mod claim_create;
 pub mod namespace;
 pub mod pvc;
 pub mod snapshot;

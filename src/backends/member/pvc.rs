@@ -1,5 +1,5 @@
 //! The member PersistentVolumeClaim (and its StorageClass and PV): manifest,
-//! idempotent create, lookups, delete, resize.
+//! lookups, delete, resize. Creating it is `claim_create`'s.
 
 use std::collections::BTreeMap;
 
@@ -10,9 +10,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 
-use crate::backends::member::claim_copy;
 use crate::domain::capability::{AccessMode, Capability};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::params::VolumeParams;
@@ -110,85 +109,8 @@ pub fn manifest(plan: &ClaimPlan<'_>) -> PersistentVolumeClaim {
     }
 }
 
-fn claims(cluster: &Cluster, namespace: &str) -> Api<PersistentVolumeClaim> {
+pub fn claims(cluster: &Cluster, namespace: &str) -> Api<PersistentVolumeClaim> {
     Api::namespaced(cluster.client(), namespace)
-}
-
-/// How often one call replaces a mirroring system's copy of the claim
-/// before it gives the CO the retry (the copy reappeared each time).
-const REPLACE_ATTEMPTS: usize = 3;
-
-/// Creates the member PVC, or adopts the one a previous attempt created.
-/// A Kosmos copy of the host claim holding the name is replaced (see
-/// [`claim_copy`]).
-pub async fn ensure(
-    cluster: &Cluster,
-    pvc: &PersistentVolumeClaim,
-    volume_id: &str,
-) -> CsiResult<PersistentVolumeClaim> {
-    let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
-    let name = pvc.metadata.name.clone().unwrap_or_default();
-    let api = claims(cluster, &namespace);
-    let what = format!("create PersistentVolumeClaim {namespace}/{name}");
-    for _ in 0..REPLACE_ATTEMPTS {
-        match cluster
-            .create_or_missing(&what, api.create(&PostParams::default(), pvc))
-            .await?
-        {
-            Ok(Some(created)) => return Ok(created),
-            Ok(None) => {}
-            Err(why) => {
-                return Err(CsiError::FailedPrecondition(format!(
-                    "{}: namespace {namespace:?} of PersistentVolumeClaim {name} does not exist ({why}); create it there, or set the StorageClass parameter createMemberNamespace: \"true\"",
-                    cluster.label()
-                )))
-            }
-        }
-        // Already there: ours from an earlier attempt, or someone else's.
-        let Some(existing) = get(cluster, &namespace, &name).await? else {
-            continue;
-        };
-        if claim_copy::replaceable(&existing) {
-            claim_copy::remove(cluster, &existing).await?;
-            continue;
-        }
-        return adopt(cluster, existing, volume_id);
-    }
-    Err(CsiError::Aborted(format!(
-        "{}: PersistentVolumeClaim {namespace}/{name} was taken by another claim {REPLACE_ATTEMPTS} times while the relay created it; retry",
-        cluster.label()
-    )))
-}
-
-/// The claim found under the member PVC's name: the relay's own from an
-/// earlier attempt, or an error saying whose it is.
-fn adopt(
-    cluster: &Cluster,
-    existing: PersistentVolumeClaim,
-    volume_id: &str,
-) -> CsiResult<PersistentVolumeClaim> {
-    let namespace = existing.metadata.namespace.as_deref().unwrap_or_default();
-    let name = existing.metadata.name.as_deref().unwrap_or_default();
-    if !belongs_to(&existing, volume_id) {
-        let whose = match annotation(&existing, naming::VOLUME_ID_ANNOTATION) {
-            Some(other) => format!("the relay made it for volume {other}"),
-            None => format!(
-                "it has no {} annotation, so something else made it",
-                naming::VOLUME_ID_ANNOTATION
-            ),
-        };
-        return Err(CsiError::AlreadyExists(format!(
-            "{}: PersistentVolumeClaim {namespace}/{name} already exists and csi-relay did not create it for volume {volume_id} ({whose}); the relay never adopts or changes a claim it did not make: delete or rename that claim, or, where no pod expects the claim under the host claim's name, set the StorageClass parameter memberClaimName: generated",
-            cluster.label(),
-        )));
-    }
-    if existing.metadata.deletion_timestamp.is_some() {
-        return Err(CsiError::Aborted(format!(
-            "{}: PersistentVolumeClaim {namespace}/{name} is being deleted; retry once it is gone",
-            cluster.label()
-        )));
-    }
-    Ok(existing)
 }
 
 pub async fn get(

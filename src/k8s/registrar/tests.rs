@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use serde_json::{json, Value};
 
+use super::controller::error_policy;
 use super::reconcile::reconcile;
 use super::*;
 use crate::k8s::testing::{client, Call, MockApi};

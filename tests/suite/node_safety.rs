@@ -2,8 +2,7 @@
 //! promises, and what "already mounted" must mean before a repeat is
 //! answered OK.
 
-mod common;
-mod node_support;
+use crate::{common, node_support};
 
 use std::fs;
 

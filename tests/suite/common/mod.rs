@@ -265,22 +265,78 @@ pub fn can_mount() -> Result<(), String> {
     Ok(())
 }
 
-/// Says "skipped: <why>" on the real stderr: libtest captures `eprintln!`
-/// of passing tests, and a skip must never pass silently.
+/// Says "skipped: <why>" on the real stderr (libtest captures `eprintln!`
+/// of passing tests, and a skip must never pass silently), and counts the
+/// test: the binary names every skipped test again when it exits.
 pub fn skip(why: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "skipped: {why}");
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("(unnamed test)")
+        .to_string();
+    let _ = writeln!(std::io::stderr(), "skipped: {test}: {why}");
+    let mut skipped = SKIPPED.lock().unwrap_or_else(|p| p.into_inner());
+    if skipped.is_empty() {
+        // SAFETY: `report_skips` is an `extern "C" fn` without arguments
+        // that does not unwind (it catches nothing and cannot panic: it
+        // only writes to stderr and ignores the result).
+        unsafe { nix::libc::atexit(report_skips) };
+    }
+    skipped.push(format!("{test}: {why}"));
+}
+
+static SKIPPED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// libtest's summary counts a skipped test as passed; this line, printed
+/// when the binary exits, says how many of them did not really run.
+extern "C" fn report_skips() {
+    use std::io::Write;
+    let skipped = match SKIPPED.try_lock() {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let mut err = std::io::stderr();
+    let _ = writeln!(
+        err,
+        "\nskipped at run time: {} test(s) (counted as passed above)",
+        skipped.len()
+    );
+    for line in skipped.iter() {
+        let _ = writeln!(err, "  skipped: {line}");
+    }
+}
+
+/// Tests run two at a time in this one binary. The ones on real control
+/// planes and kubelets, and the fuzz campaign that compares the whole
+/// mount table before and after, run alone (`alone`), as they did in
+/// binaries of their own: the clusters are shared, and their timeouts
+/// assume the machine's two cores. The mount tests hold this lock shared.
+static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Held by a test that must run with no other test, for its duration.
+pub struct Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>);
+
+pub fn alone() -> Alone {
+    Alone(ALONE.write().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Held by a test that mounts and uses loop devices, for its duration.
+pub struct Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>);
+
+pub fn shared() -> Shared {
+    Shared(ALONE.read().unwrap_or_else(|p| p.into_inner()))
 }
 
 #[macro_export]
 macro_rules! require_mounts {
     () => {
-        if let Err(why) = common::can_mount() {
-            common::skip(&format!(
+        if let Err(why) = $crate::common::can_mount() {
+            $crate::common::skip(&format!(
                 "{why}: this test needs real mount(2) and loop devices"
             ));
             return;
         }
+        let _shared = $crate::common::shared();
     };
 }
 

@@ -3,8 +3,7 @@
 //! driver's start-up reconciliation must make its records and the kernel
 //! agree again, and the CO's unwinding calls must then leave nothing behind.
 
-mod common;
-mod node_support;
+use crate::{common, node_support};
 
 use std::fs;
 

@@ -19,8 +19,7 @@
 //! Runs when RELAY_E2E_* are set (see member_e2e.rs),
 //! otherwise prints "skipped".
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -185,6 +184,7 @@ async fn unrelated_pods(member: &Client, namespace: &str, n: usize, pid: u32, la
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_objects_cost_what_the_relay_serves() {
+    let _alone = common::alone();
     let Some(env) = env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;

@@ -1,7 +1,7 @@
 //! gRPC clients other than Go's and tonic: CSI clients come in every
 //! language, and C-core ones send the socket path as `:authority`.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -13,8 +13,7 @@
 //! Every mounting test unwinds and asserts no mount is left in either
 //! process's temp dir.
 
-mod common;
-mod node_support;
+use crate::{common, node_support};
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

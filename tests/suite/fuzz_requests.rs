@@ -13,7 +13,7 @@
 //! CI runs a short campaign (`FUZZ_CASES`, default 48 per target). A long
 //! run: `FUZZ_CASES=20000 cargo test --release --test fuzz_requests -- --nocapture`.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -637,6 +637,7 @@ impl Drop for Cleanup {
 
 #[test]
 fn fuzz_all() {
+    let _alone = common::alone();
     let Some(h) = harness() else { return };
     let _cleanup = Cleanup;
     let before = foreign_mounts(&h.root);

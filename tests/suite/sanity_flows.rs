@@ -2,7 +2,7 @@
 //! clean-up habits (repeated unpublish/delete of things already gone, node
 //! calls for volumes never staged), replayed against the real driver.
 
-mod common;
+use crate::common;
 
 use common::req::{create, snw};
 use common::{Driver, NODE};

@@ -5,8 +5,7 @@
 //! Every mounting test unwinds what it created and then asserts that no mount
 //! and no loop device references its temp dir any more.
 
-mod common;
-mod node_support;
+use crate::{common, node_support};
 
 use std::collections::HashMap;
 use std::fs;

@@ -8,8 +8,7 @@
 //! 127.0.0.1, which it cuts and restores. Skipped unless RELAY_E2E_* are set
 //! (see member_e2e.rs).
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -121,6 +120,7 @@ const ROUNDS: usize = 4;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its_state() {
+    let _alone = common::alone();
     let Some(mut env) = e2e_support::env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;

@@ -187,7 +187,7 @@ pub async fn attached_va(
 /// A CreateVolume for a member volume of `bytes` in the environment's
 /// member class and namespace, single-node-writer mount access.
 pub fn member_create(env: &Env, name: &str, bytes: i64) -> csi_relay::csi::CreateVolumeRequest {
-    let mut req = super::common::req::create(name, bytes, super::common::req::snw());
+    let mut req = crate::common::req::create(name, bytes, crate::common::req::snw());
     req.parameters = [
         ("member".to_string(), "e2e".to_string()),
         ("memberStorageClass".to_string(), env.storage_class.clone()),
@@ -199,7 +199,7 @@ pub fn member_create(env: &Env, name: &str, bytes: i64) -> csi_relay::csi::Creat
 
 /// Starts a relay serving from the environment's member cluster (named
 /// `e2e`), its RelayVolumes in the host, with `extra` flags.
-pub async fn start_member_relay(env: &Env, node_id: &str, extra: &[&str]) -> super::common::Driver {
+pub async fn start_member_relay(env: &Env, node_id: &str, extra: &[&str]) -> crate::common::Driver {
     let member_arg = format!("e2e={}", env.member_kubeconfig);
     let mut args = vec![
         "--backend",
@@ -210,7 +210,7 @@ pub async fn start_member_relay(env: &Env, node_id: &str, extra: &[&str]) -> sup
         env.host_kubeconfig.as_str(),
     ];
     args.extend_from_slice(extra);
-    super::common::Driver::start_as(node_id, &args).await
+    crate::common::Driver::start_as(node_id, &args).await
 }
 
 /// kubelet's plugins dir as the relay sees it: `driver`'s node plugin

@@ -4,8 +4,7 @@
 //! retries of everything (as kubelet and the sidecars would) succeed; at
 //! the end nothing is mounted, no loop device or data is left.
 
-mod common;
-mod node_support;
+use crate::{common, node_support};
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

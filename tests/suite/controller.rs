@@ -1,6 +1,6 @@
 //! Identity, Controller and GroupController services against a real server.
 
-mod common;
+use crate::common;
 
 use common::req::{self, block_cap, create, fs_cap, mount_cap, snw};
 use common::{Driver, NODE};

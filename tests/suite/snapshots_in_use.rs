@@ -2,8 +2,7 @@
 //! it: the copy is a clean filesystem image, and a sparse volume's copy
 //! costs what its data costs.
 
-mod common;
-mod node_support;
+use crate::{common, node_support};
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -143,10 +142,7 @@ async fn only_the_volumes_own_filesystem_is_ever_frozen() {
 // On XFS with reflink the copy shares the source's extents.
 #[test]
 fn xfs_copies_are_reflinks() {
-    if let Err(why) = common::can_mount() {
-        common::skip(&format!("{why}: needs a loop-mounted XFS"));
-        return;
-    }
+    require_mounts!();
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("xfs.img");
     fs::File::create(&img)

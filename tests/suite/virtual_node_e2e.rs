@@ -17,8 +17,7 @@
 //! directory holding csi-provisioner and csi-attacher) are set; otherwise
 //! prints "skipped".
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -59,6 +58,7 @@ fn env() -> Option<Env> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
+    let _alone = common::alone();
     let Some(env) = env() else {
         common::skip("no clusters or no sidecars: set RELAY_E2E_* and RELAY_E2E_SIDECARS");
         return;

@@ -6,8 +6,7 @@
 //! unwound no member PVC and no relay-made member VolumeAttachment is left.
 //! Skipped unless RELAY_E2E_* are set (see member_e2e.rs).
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::time::Duration;
 
@@ -23,6 +22,7 @@ const ROUNDS: u64 = 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_after() {
+    let _alone = common::alone();
     let Some(env) = e2e_support::env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;

@@ -25,8 +25,7 @@
 //! and E2E_HOME holds Kosmos, a kubelet and the CRDs; prints "skipped"
 //! otherwise. RELAY_KOSMOS_RACES (default 50) sets the number of races.
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -327,6 +326,7 @@ fn seconds(d: Duration) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
+    let _alone = common::alone();
     let pre = match prerequisites() {
         Ok(p) => p,
         Err(why) => {

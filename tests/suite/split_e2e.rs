@@ -4,8 +4,7 @@
 //! NODE_READY → VOL_READY → PUBLISHED and back, although each process only
 //! knows its half. Skipped unless RELAY_E2E_* are set (see member_e2e.rs).
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::time::Duration;
 
@@ -22,6 +21,7 @@ use e2e_support::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn split_controller_and_node_walk_every_phase_and_back() {
+    let _alone = common::alone();
     let Some(env) = env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;

@@ -1,7 +1,7 @@
 //! Housekeeping: what a crash leaves behind and no CO call comes back for
 //! is rolled back or reclaimed, and what a call may still need is kept.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

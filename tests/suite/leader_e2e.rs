@@ -4,8 +4,7 @@
 //! takes over within the Lease duration. Skipped unless
 //! RELAY_E2E_* are set (see member_e2e.rs).
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +62,7 @@ async fn until_code(d: &common::Driver, want: Code, within: Duration) -> Duratio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_lease_holder_serves_and_a_standby_takes_over() {
+    let _alone = common::alone();
     let Some(env) = e2e_support::env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;

@@ -10,8 +10,7 @@
 //! against `csi-relay serve --backend member` and checks the member PVC/PV,
 //! the RelayVolume phases, the mount, and that deletion leaves nothing behind.
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::time::Duration;
 
@@ -29,6 +28,7 @@ use e2e_support::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_volume_lifecycle_on_real_clusters() {
+    let _alone = common::alone();
     let Some(env) = env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
         return;

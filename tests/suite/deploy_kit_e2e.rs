@@ -12,8 +12,7 @@
 //! sidecar images (`images/images.txt`), and buildah and containerd are
 //! installed; prints "skipped" otherwise.
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::path::PathBuf;
 
@@ -32,6 +31,7 @@ fn prerequisites() -> Result<PathBuf, String> {
 
 #[test]
 fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
+    let _alone = common::alone();
     let e2e_home = match prerequisites() {
         Ok(home) => home,
         Err(why) => return common::skip(&why),

@@ -20,8 +20,7 @@
 //! the kubelet, `e2e.test`, the snapshotter and the images; prints
 //! "skipped" otherwise.
 
-mod common;
-mod e2e_support;
+use crate::{common, e2e_support};
 
 use std::path::{Path, PathBuf};
 
@@ -54,6 +53,7 @@ fn prerequisites() -> Result<PathBuf, String> {
 
 #[test]
 fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
+    let _alone = common::alone();
     let e2e_home = match prerequisites() {
         Ok(home) => home,
         Err(why) => return common::skip(&why),
