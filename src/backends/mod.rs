@@ -194,7 +194,10 @@ pub trait Backend: Send + Sync + 'static {
     async fn node_known(&self, node_id: &str) -> CsiResult<bool>;
 
     /// Allocates the volume's storage (with initial content). Idempotent: a
-    /// retry after a partial attempt completes it.
+    /// retry after a partial attempt completes it. Never NOT_FOUND: to the
+    /// CO, CreateVolume's NOT_FOUND says the content source does not exist
+    /// (the caller checks that against its records first); anything the
+    /// backend finds missing on the way is FAILED_PRECONDITION.
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()>;
 
     /// Ids of storage an earlier build made ahead and left, once, at

@@ -4,8 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::domain::error::{CsiError, CsiResult};
-use crate::k8s::error::{classify, timed_out, to_csi, Failure};
+use crate::k8s::error::{classify, timed_out, KubeError, KubeResult};
 use crate::k8s::CALL_TIMEOUT;
 
 #[derive(Clone)]
@@ -65,16 +64,12 @@ impl Cluster {
         &self,
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, Failure> {
+    ) -> KubeResult<T> {
         match tokio::time::timeout(self.timeout, call).await {
-            Err(_) => Err(Failure::Other(timed_out(&self.label, what, self.timeout))),
+            Err(_) => Err(timed_out(&self.label, what, self.timeout)),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(classify(&self.label, what, e)),
         }
-    }
-
-    fn fail(&self, what: &str, failure: Failure) -> CsiError {
-        to_csi(&self.label, what, failure)
     }
 
     /// Any call: every failure mapped.
@@ -82,10 +77,8 @@ impl Cluster {
         &self,
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> CsiResult<T> {
-        self.attempt(what, call)
-            .await
-            .map_err(|f| self.fail(what, f))
+    ) -> KubeResult<T> {
+        self.attempt(what, call).await
     }
 
     /// A read where 404 means absent.
@@ -93,11 +86,11 @@ impl Cluster {
         &self,
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> CsiResult<Option<T>> {
+    ) -> KubeResult<Option<T>> {
         match self.attempt(what, call).await {
             Ok(v) => Ok(Some(v)),
-            Err(Failure::Api { code: 404, .. }) => Ok(None),
-            Err(f) => Err(self.fail(what, f)),
+            Err(e) if e.status() == Some(404) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -107,11 +100,11 @@ impl Cluster {
         &self,
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> CsiResult<Option<T>> {
+    ) -> KubeResult<Option<T>> {
         match self.attempt(what, call).await {
             Ok(v) => Ok(Some(v)),
-            Err(Failure::Api { code: 409, .. }) => Ok(None),
-            Err(f) => Err(self.fail(what, f)),
+            Err(e) if e.status() == Some(409) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -121,14 +114,14 @@ impl Cluster {
         &self,
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> CsiResult<Result<Option<T>, String>> {
+    ) -> KubeResult<Result<Option<T>, String>> {
         match self.attempt(what, call).await {
             Ok(v) => Ok(Ok(Some(v))),
-            Err(Failure::Api { code: 409, .. }) => Ok(Ok(None)),
-            Err(Failure::Api {
+            Err(e) if e.status() == Some(409) => Ok(Ok(None)),
+            Err(KubeError::Api {
                 code: 404, message, ..
             }) => Ok(Err(message)),
-            Err(f) => Err(self.fail(what, f)),
+            Err(e) => Err(e),
         }
     }
 
@@ -137,10 +130,11 @@ impl Cluster {
         &self,
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> CsiResult<()> {
+    ) -> KubeResult<()> {
         match self.attempt(what, call).await {
-            Ok(_) | Err(Failure::Api { code: 404, .. }) => Ok(()),
-            Err(f) => Err(self.fail(what, f)),
+            Ok(_) => Ok(()),
+            Err(e) if e.status() == Some(404) => Ok(()),
+            Err(e) => Err(e),
         }
     }
 }

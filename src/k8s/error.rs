@@ -1,28 +1,104 @@
-//! `kube::Error` → `CsiError`, in one place. The message always names the
-//! cluster and the operation, so an operator knows where to look.
+//! What a call to a Kubernetes API server can end in: `KubeError`, each
+//! variant naming the cluster and the operation, so an operator knows where
+//! to look. `Cluster` hands 404 and 409 to the caller where they mean
+//! "absent" or "already there"; whatever is left becomes a CSI outcome in
+//! one place, `From<KubeError> for CsiError`:
 //!
 //! - no connection / no answer → UNAVAILABLE "member cluster X unreachable: …"
 //! - 401 / 403 → FAILED_PRECONDITION naming the refused operation
 //! - 429 / 5xx → UNAVAILABLE (the API server asks for a retry)
-//! - 404 / 409 → left to the caller (absent, already exists), else
-//!   NOT_FOUND / ABORTED
+//! - 404 / 409 → NOT_FOUND / ABORTED
 //! - anything else → INTERNAL with the API's message
 
 use std::time::Duration;
 
 use crate::domain::error::CsiError;
 
-/// A failed call, before the caller decides what 404 or 409 means.
-#[derive(Debug)]
-pub enum Failure {
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// No connection, or no answer within the call's time limit.
+    #[error("{label} unreachable: {what}: {detail}")]
+    Unreachable {
+        label: String,
+        what: String,
+        detail: String,
+    },
+    /// The client could not obtain credentials (exec plugin, token file).
+    #[error("{label}: cannot obtain credentials for {what}: {detail}")]
+    Credentials {
+        label: String,
+        what: String,
+        detail: String,
+    },
     /// The API server answered with an error status.
+    #[error("{}", api_text(label, what, *code, reason, message))]
     Api {
+        label: String,
+        what: String,
         code: u16,
         reason: String,
         message: String,
     },
-    /// Anything else, already mapped.
-    Other(CsiError),
+    /// Anything else the client reports.
+    #[error("{label}: {what} failed: {detail}")]
+    Client {
+        label: String,
+        what: String,
+        detail: String,
+    },
+}
+
+pub type KubeResult<T> = Result<T, KubeError>;
+
+fn api_text(label: &str, what: &str, code: u16, reason: &str, message: &str) -> String {
+    match code {
+        401 => format!("{label} rejected csi-relay's credentials for {what}: {message}"),
+        403 => format!(
+            "{label} forbids {what}: {message}; grant csi-relay's identity there this permission"
+        ),
+        404 => format!("{label}: {what}: {message}"),
+        409 => format!("{label}: {what} conflicted: {message}; retry"),
+        429 | 500 | 502 | 503 | 504 => {
+            format!("{label} cannot serve {what} right now ({code} {reason}): {message}")
+        }
+        _ => format!("{label}: {what} failed ({code} {reason}): {message}"),
+    }
+}
+
+impl KubeError {
+    /// The API server's status code, when it answered with one.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            KubeError::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+
+    /// The API server's own message, when it answered with a status.
+    pub fn api_message(&self) -> Option<&str> {
+        match self {
+            KubeError::Api { message, .. } => Some(message),
+            _ => None,
+        }
+    }
+}
+
+impl From<KubeError> for CsiError {
+    fn from(e: KubeError) -> Self {
+        let text = e.to_string();
+        match e {
+            KubeError::Unreachable { .. } => CsiError::Unavailable(text),
+            KubeError::Credentials { .. } => CsiError::FailedPrecondition(text),
+            KubeError::Client { .. } => CsiError::Internal(text),
+            KubeError::Api { code, .. } => match code {
+                401 | 403 => CsiError::FailedPrecondition(text),
+                404 => CsiError::NotFound(text),
+                409 => CsiError::Aborted(text),
+                429 | 500 | 502 | 503 | 504 => CsiError::Unavailable(text),
+                _ => CsiError::Internal(text),
+            },
+        }
+    }
 }
 
 /// The error and its sources, as one line.
@@ -40,23 +116,22 @@ fn chain(err: &dyn std::error::Error) -> String {
     text
 }
 
-pub fn unreachable(label: &str, what: &str, detail: impl std::fmt::Display) -> CsiError {
-    CsiError::Unavailable(format!("{label} unreachable: {what}: {detail}"))
-}
-
-pub fn timed_out(label: &str, what: &str, after: Duration) -> CsiError {
-    unreachable(
-        label,
-        what,
-        format!("no answer within {}s", after.as_secs_f32()),
-    )
+pub fn timed_out(label: &str, what: &str, after: Duration) -> KubeError {
+    KubeError::Unreachable {
+        label: label.to_string(),
+        what: what.to_string(),
+        detail: format!("no answer within {}s", after.as_secs_f32()),
+    }
 }
 
 /// Classifies a client error of `what` against the cluster called `label`
 /// ("member cluster east", "host cluster").
-pub fn classify(label: &str, what: &str, err: kube::Error) -> Failure {
+pub fn classify(label: &str, what: &str, err: kube::Error) -> KubeError {
+    let (label, what) = (label.to_string(), what.to_string());
     match err {
-        kube::Error::Api(status) => Failure::Api {
+        kube::Error::Api(status) => KubeError::Api {
+            label,
+            what,
             code: status.code,
             reason: status.reason.clone(),
             message: status.message.clone(),
@@ -67,45 +142,21 @@ pub fn classify(label: &str, what: &str, err: kube::Error) -> Failure {
         | kube::Error::TlsRequired
         | kube::Error::ReadEvents(_)
         | kube::Error::ProxyProtocolUnsupported { .. }
-        | kube::Error::ProxyProtocolDisabled { .. } => {
-            Failure::Other(unreachable(label, what, chain(&err)))
-        }
-        kube::Error::Auth(_) => Failure::Other(CsiError::FailedPrecondition(format!(
-            "{label}: cannot obtain credentials for {what}: {}",
-            chain(&err)
-        ))),
-        other => Failure::Other(CsiError::Internal(format!(
-            "{label}: {what} failed: {}",
-            chain(&other)
-        ))),
-    }
-}
-
-/// The CSI error for a failure nobody handled specially.
-pub fn to_csi(label: &str, what: &str, failure: Failure) -> CsiError {
-    let (code, reason, message) = match failure {
-        Failure::Other(e) => return e,
-        Failure::Api {
-            code,
-            reason,
-            message,
-        } => (code, reason, message),
-    };
-    match code {
-        401 => CsiError::FailedPrecondition(format!(
-            "{label} rejected csi-relay's credentials for {what}: {message}"
-        )),
-        403 => CsiError::FailedPrecondition(format!(
-            "{label} forbids {what}: {message}; grant csi-relay's identity there this permission"
-        )),
-        404 => CsiError::NotFound(format!("{label}: {what}: {message}")),
-        409 => CsiError::Aborted(format!("{label}: {what} conflicted: {message}; retry")),
-        429 | 500 | 502 | 503 | 504 => CsiError::Unavailable(format!(
-            "{label} cannot serve {what} right now ({code} {reason}): {message}"
-        )),
-        _ => CsiError::Internal(format!(
-            "{label}: {what} failed ({code} {reason}): {message}"
-        )),
+        | kube::Error::ProxyProtocolDisabled { .. } => KubeError::Unreachable {
+            label,
+            what,
+            detail: chain(&err),
+        },
+        kube::Error::Auth(_) => KubeError::Credentials {
+            label,
+            what,
+            detail: chain(&err),
+        },
+        other => KubeError::Client {
+            label,
+            what,
+            detail: chain(&other),
+        },
     }
 }
 
@@ -125,11 +176,7 @@ mod tests {
     }
 
     fn mapped(err: kube::Error) -> CsiError {
-        to_csi(
-            "member cluster east",
-            "get PersistentVolumeClaim a/b",
-            classify("member cluster east", "get PersistentVolumeClaim a/b", err),
-        )
+        classify("member cluster east", "get PersistentVolumeClaim a/b", err).into()
     }
 
     #[test]
@@ -176,7 +223,8 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("connection refused"), "{text}");
-        let err = timed_out("member cluster east", "list nodes", Duration::from_secs(10));
+        let err: CsiError =
+            timed_out("member cluster east", "list nodes", Duration::from_secs(10)).into();
         assert_eq!(err.code(), Code::Unavailable);
         assert!(err.to_string().contains("within 10s"), "{err}");
     }

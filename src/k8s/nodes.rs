@@ -13,6 +13,7 @@ use kube::api::Api;
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 use crate::k8s::cluster::Cluster;
+use crate::k8s::error::KubeResult;
 use crate::k8s::registrar::NodeSelector;
 
 /// Where a host node runs its pods.
@@ -24,7 +25,7 @@ pub struct NodePlace {
     pub virtual_node: bool,
 }
 
-pub async fn host_node(host: &Cluster, node_id: &str) -> CsiResult<Option<Node>> {
+pub async fn host_node(host: &Cluster, node_id: &str) -> KubeResult<Option<Node>> {
     host.fetch(
         &format!("get Node {node_id}"),
         Api::<Node>::all(host.client()).get(node_id),

@@ -434,13 +434,14 @@ impl RelayVolumeObserver {
         );
         let api = self.api();
         let patch = Patch::Apply(&body);
-        self.host
+        let applied = self
+            .host
             .fetch(
                 &format!("apply RelayVolume {name} status"),
                 api.patch_status(&name, &params, &patch),
             )
-            .await
-            .map(|o| o.is_some())
+            .await?;
+        Ok(applied.is_some())
     }
 
     /// Whether the watched object shows a failure (`status.lastError`).
@@ -470,8 +471,8 @@ impl RelayVolumeObserver {
                 self.api()
                     .patch_status(&name, &params, &Patch::Apply(&body)),
             )
-            .await
-            .map(drop)
+            .await?;
+        Ok(())
     }
 
     /// Removes `vol`'s object (controller) or this node's entry (node).
@@ -489,7 +490,7 @@ impl RelayVolumeObserver {
                         &format!("delete RelayVolume {name}"),
                         self.api().delete(&name, &DeleteParams::default()),
                     )
-                    .await
+                    .await?;
             }
             Role::Node { .. } => {
                 let params = PatchParams::apply(&self.role.field_manager()).force();
@@ -500,10 +501,10 @@ impl RelayVolumeObserver {
                         self.api()
                             .patch_status(&name, &params, &Patch::Apply(&body)),
                     )
-                    .await
-                    .map(|_| ())
+                    .await?;
             }
         }
+        Ok(())
     }
 }
 

@@ -4,6 +4,27 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+/// Why a path the CO named is not used.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    #[error("{}, a system path this driver never mounts on", shown(.path, .resolved))]
+    SystemPath { path: PathBuf, resolved: PathBuf },
+    #[error("{}, which overlaps the driver's state directory {}", shown(.path, .resolved), .state_dir.display())]
+    StateDir {
+        path: PathBuf,
+        resolved: PathBuf,
+        state_dir: PathBuf,
+    },
+    /// The path could not be resolved (its source says why). Callers take
+    /// a permission error on the way as a refused path.
+    #[error(transparent)]
+    Resolve(#[from] io::Error),
+}
+
+fn shown(path: &Path, resolved: &Path) -> String {
+    format!("{} resolves to {}", path.display(), resolved.display())
+}
+
 /// System trees no CSI staging or target path may be in.
 const FORBIDDEN_TREES: &[&str] = &[
     "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/boot",
@@ -62,19 +83,15 @@ fn reachable(link: &std::ffi::OsStr) -> bool {
 }
 
 /// Resolves `path` as far as it exists (symlinks included) and checks it.
-pub fn check(path: &Path) -> io::Result<PathBuf> {
+pub fn check(path: &Path) -> Result<PathBuf, PathError> {
     let resolved = resolve(path)?;
     let forbidden = FORBIDDEN_TREES.iter().any(|t| resolved.starts_with(t))
         || FORBIDDEN_EXACT.iter().any(|t| resolved == Path::new(t));
     if forbidden {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{} resolves to {}, a system path this driver never mounts on",
-                path.display(),
-                resolved.display()
-            ),
-        ));
+        return Err(PathError::SystemPath {
+            path: path.to_path_buf(),
+            resolved,
+        });
     }
     Ok(resolved)
 }
@@ -83,18 +100,14 @@ pub fn check(path: &Path) -> io::Result<PathBuf> {
 /// state dir: volumes' data and the state store) or above it, where a mount
 /// would hide or redirect it. `protected` is taken as already resolved:
 /// the state dir is resolved once, at start-up.
-pub fn check_outside(path: &Path, protected: &Path) -> io::Result<PathBuf> {
+pub fn check_outside(path: &Path, protected: &Path) -> Result<PathBuf, PathError> {
     let resolved = check(path)?;
     if resolved.starts_with(protected) || protected.starts_with(&resolved) {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "{} resolves to {}, which overlaps the driver's state directory {}",
-                path.display(),
-                resolved.display(),
-                protected.display()
-            ),
-        ));
+        return Err(PathError::StateDir {
+            path: path.to_path_buf(),
+            resolved,
+            state_dir: protected.to_path_buf(),
+        });
     }
     Ok(resolved)
 }

@@ -44,6 +44,76 @@ fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
 }
 
 impl MemberBackend {
+    /// CreateVolume's work: the member PVC, from its source.
+    async fn create_claim(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        let params = decode_volume_params(vol)?;
+        let same_place = |what: String, backing: &Backing| -> CsiResult<()> {
+            match backing {
+                Backing::Member {
+                    member, namespace, ..
+                } if *member == at.member && *namespace == at.namespace => Ok(()),
+                Backing::Member {
+                    member, namespace, ..
+                } => Err(CsiError::invalid(
+                    "volume_content_source",
+                    format!(
+                        "{what} lives in member cluster {member}, namespace {namespace}; a volume made from it must be provisioned there too, not in {}, namespace {}",
+                        at.member, at.namespace
+                    ),
+                )),
+                _ => Err(CsiError::invalid(
+                    "volume_content_source",
+                    format!("{what} is not a member-cluster object"),
+                )),
+            }
+        };
+        let data_source = match source {
+            None => None,
+            Some(SourceData::Snapshot(snap)) => {
+                same_place(format!("snapshot {}", snap.id), &snap.backing)?;
+                Some(DataSource::Snapshot(naming::snapshot_name(&snap.id)))
+            }
+            Some(SourceData::Volume(src)) => {
+                same_place(format!("volume {}", src.id), &src.backing)?;
+                let from = MemberVolume::of(src)?;
+                if pvc::owned(cluster, &from, &src.id).await?.is_none() {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "{}: PersistentVolumeClaim {} of source volume {} is missing; there is nothing to clone",
+                        cluster.label(),
+                        from.pvc_path(),
+                        src.id
+                    )));
+                }
+                Some(DataSource::Claim(from.pvc))
+            }
+        };
+        let class = match (&params.member_storage_class, &at.selected_node) {
+            (Some(name), _) => pvc::storage_class(cluster, Some(name)).await?,
+            (None, Some(_)) => pvc::storage_class(cluster, None).await?,
+            (None, None) => None,
+        };
+        let selected_node = at
+            .selected_node
+            .as_deref()
+            .filter(|_| class.as_ref().is_some_and(pvc::binds_late));
+        let claim = pvc::manifest(&ClaimPlan {
+            vol,
+            at: &at,
+            params: &params,
+            data_source,
+            selected_node,
+            driver_name: &self.driver_name,
+        });
+        if Flag::on(params.create_member_namespace) {
+            namespace::ensure(cluster, &at.namespace).await?;
+        }
+        claim_create::ensure(cluster, &claim, &vol.id).await?;
+        tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
+        Ok(())
+    }
+
     /// `host` is where host Nodes are looked up (None: a host node maps to
     /// the member node of the same name only).
     pub fn new(members: Vec<Cluster>, host: Option<Cluster>, driver_name: &str) -> Self {
@@ -358,72 +428,12 @@ impl Backend for MemberBackend {
     }
 
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
-        let at = MemberVolume::of(vol)?;
-        let cluster = self.cluster(&at.member)?;
-        let params = decode_volume_params(vol)?;
-        let same_place = |what: String, backing: &Backing| -> CsiResult<()> {
-            match backing {
-                Backing::Member {
-                    member, namespace, ..
-                } if *member == at.member && *namespace == at.namespace => Ok(()),
-                Backing::Member {
-                    member, namespace, ..
-                } => Err(CsiError::invalid(
-                    "volume_content_source",
-                    format!(
-                        "{what} lives in member cluster {member}, namespace {namespace}; a volume made from it must be provisioned there too, not in {}, namespace {}",
-                        at.member, at.namespace
-                    ),
-                )),
-                _ => Err(CsiError::invalid(
-                    "volume_content_source",
-                    format!("{what} is not a member-cluster object"),
-                )),
-            }
-        };
-        let data_source = match source {
-            None => None,
-            Some(SourceData::Snapshot(snap)) => {
-                same_place(format!("snapshot {}", snap.id), &snap.backing)?;
-                Some(DataSource::Snapshot(naming::snapshot_name(&snap.id)))
-            }
-            Some(SourceData::Volume(src)) => {
-                same_place(format!("volume {}", src.id), &src.backing)?;
-                let from = MemberVolume::of(src)?;
-                if pvc::owned(cluster, &from, &src.id).await?.is_none() {
-                    return Err(CsiError::FailedPrecondition(format!(
-                        "{}: PersistentVolumeClaim {} of source volume {} is missing; there is nothing to clone",
-                        cluster.label(),
-                        from.pvc_path(),
-                        src.id
-                    )));
-                }
-                Some(DataSource::Claim(from.pvc))
-            }
-        };
-        let class = match (&params.member_storage_class, &at.selected_node) {
-            (Some(name), _) => pvc::storage_class(cluster, Some(name)).await?,
-            (None, Some(_)) => pvc::storage_class(cluster, None).await?,
-            (None, None) => None,
-        };
-        let selected_node = at
-            .selected_node
-            .as_deref()
-            .filter(|_| class.as_ref().is_some_and(pvc::binds_late));
-        let claim = pvc::manifest(&ClaimPlan {
-            vol,
-            at: &at,
-            params: &params,
-            data_source,
-            selected_node,
-            driver_name: &self.driver_name,
-        });
-        if Flag::on(params.create_member_namespace) {
-            namespace::ensure(cluster, &at.namespace).await?;
-        }
-        claim_create::ensure(cluster, &claim, &vol.id).await?;
-        tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
-        Ok(())
+        // A member object missing on the way (an API answering 404 where
+        // nothing expected it) is no missing content source.
+        self.create_claim(vol, source).await.map_err(|e| match e {
+            CsiError::NotFound(why) => CsiError::FailedPrecondition(why),
+            other => other,
+        })
     }
 
     /// The host PVC the request named (external-provisioner's
@@ -565,7 +575,7 @@ impl Backend for MemberBackend {
             )));
         };
         let cluster = self.cluster(member)?;
-        snapshot::delete(cluster, namespace, &naming::snapshot_name(&snap.id)).await
+        Ok(snapshot::delete(cluster, namespace, &naming::snapshot_name(&snap.id)).await?)
     }
 
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>> {

@@ -18,6 +18,7 @@ use crate::domain::params::VolumeParams;
 use crate::domain::quantity;
 use crate::domain::volume::Volume;
 use crate::k8s::cluster::Cluster;
+use crate::k8s::error::KubeResult;
 use crate::k8s::naming::{self, MemberVolume};
 
 const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
@@ -117,7 +118,7 @@ pub async fn get(
     cluster: &Cluster,
     namespace: &str,
     name: &str,
-) -> CsiResult<Option<PersistentVolumeClaim>> {
+) -> KubeResult<Option<PersistentVolumeClaim>> {
     cluster
         .fetch(
             &format!("get PersistentVolumeClaim {namespace}/{name}"),
@@ -192,8 +193,9 @@ pub async fn delete_exactly(cluster: &Cluster, claim: &PersistentVolumeClaim) ->
         )
         .await
     {
-        Err(CsiError::Aborted(_)) | Ok(()) => Ok(()),
-        Err(e) => Err(e),
+        Ok(()) => Ok(()),
+        Err(e) if e.status() == Some(409) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -217,7 +219,7 @@ pub async fn made_by(
         .collect())
 }
 
-pub async fn get_pv(cluster: &Cluster, name: &str) -> CsiResult<Option<PersistentVolume>> {
+pub async fn get_pv(cluster: &Cluster, name: &str) -> KubeResult<Option<PersistentVolume>> {
     cluster
         .fetch(
             &format!("get PersistentVolume {name}"),
@@ -232,7 +234,7 @@ pub async fn select_node(
     namespace: &str,
     name: &str,
     node: &str,
-) -> CsiResult<()> {
+) -> KubeResult<()> {
     let patch = serde_json::json!({
         "metadata": {"annotations": {naming::SELECTED_NODE_ANNOTATION: node}}
     });
@@ -251,7 +253,7 @@ pub async fn request_storage(
     namespace: &str,
     name: &str,
     bytes: u64,
-) -> CsiResult<PersistentVolumeClaim> {
+) -> KubeResult<PersistentVolumeClaim> {
     let patch = serde_json::json!({
         "spec": {"resources": {"requests": {"storage": quantity::format_bytes(bytes)}}}
     });

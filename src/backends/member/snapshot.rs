@@ -9,6 +9,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
+use crate::k8s::error::KubeResult;
 use crate::k8s::POLL_INTERVAL;
 
 pub const GROUP: &str = "snapshot.storage.k8s.io";
@@ -158,7 +159,7 @@ pub async fn ensure_ready(
 
 /// Deletes the member VolumeSnapshot; already gone (or no snapshot API at
 /// all) is success.
-pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult<()> {
+pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> KubeResult<()> {
     let api: Api<DynamicObject> = Api::namespaced_with(cluster.client(), namespace, &resource());
     cluster
         .remove(

@@ -305,10 +305,7 @@ async fn allocate(d: &Driver, vol: &Volume) -> CsiResult<()> {
                 .await
         }
     };
-    allocated.map_err(|e| match e {
-        CsiError::NotFound(why) => CsiError::FailedPrecondition(why),
-        other => other,
-    })
+    allocated
 }
 
 fn reply(vol: &Volume) -> csi::CreateVolumeResponse {

@@ -3,18 +3,26 @@
 //! and a mount on a system tree or on the driver's own state would be
 //! worse than a refused call.
 
-use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::domain::error::{CsiError, CsiResult};
-use crate::os::target_path;
+use crate::os::target_path::{self, PathError};
 
 /// Resolves a staging or target path and refuses system paths.
 pub fn guard(path: &Path, field: &'static str) -> CsiResult<PathBuf> {
-    target_path::check(path).map_err(|e| match e.kind() {
-        io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
-        _ => CsiError::io("resolve", path, e),
-    })
+    target_path::check(path).map_err(|e| refused(e, path, field))
+}
+
+/// A refused path, or one this process may not resolve, is the request's
+/// fault (INVALID_ARGUMENT naming the field); any other failure to resolve
+/// it is the machine's.
+fn refused(e: PathError, path: &Path, field: &'static str) -> CsiError {
+    match e {
+        PathError::Resolve(io) if io.kind() != std::io::ErrorKind::PermissionDenied => {
+            CsiError::io("resolve", path, io)
+        }
+        refused => CsiError::invalid(field, refused.to_string()),
+    }
 }
 
 /// Checks a staging or target path from a request before anything is
@@ -22,10 +30,8 @@ pub fn guard(path: &Path, field: &'static str) -> CsiResult<PathBuf> {
 /// driver's state dir (volume data, the state store). Returns the path
 /// resolved through symlinks.
 pub fn check_path(path: &str, state_dir: &Path, field: &'static str) -> CsiResult<PathBuf> {
-    target_path::check_outside(Path::new(path), state_dir).map_err(|e| match e.kind() {
-        io::ErrorKind::PermissionDenied => CsiError::invalid(field, e.to_string()),
-        _ => CsiError::io("resolve", path, e),
-    })
+    target_path::check_outside(Path::new(path), state_dir)
+        .map_err(|e| refused(e, Path::new(path), field))
 }
 
 /// A target inside the staging path (or the other way round, or the same

@@ -10,7 +10,7 @@ use super::member_pv::MemberPv;
 use super::{bind, Expansion, Source, Staging};
 use crate::backends::Health;
 use crate::domain::error::{CsiError, CsiResult};
-use crate::os::target_path;
+use crate::os::target_path::{self, PathError};
 
 #[derive(Debug, Clone)]
 pub struct HostPath {
@@ -38,11 +38,11 @@ impl HostPath {
                 CsiError::io("stat member path", p, e)
             });
         }
-        let resolved = target_path::check(p).map_err(|e| match e.kind() {
-            io::ErrorKind::PermissionDenied => {
-                m.refused(format!("{kind} path {path} is refused: {e}"))
+        let resolved = target_path::check(p).map_err(|e| match e {
+            PathError::Resolve(io) if io.kind() != io::ErrorKind::PermissionDenied => {
+                CsiError::io("resolve member path", p, io)
             }
-            _ => CsiError::io("resolve member path", p, e),
+            refused => m.refused(format!("{kind} path {path} is refused: {refused}")),
         })?;
         let protected = [
             (self.state_dir.as_path(), "csi-relay's state directory"),
