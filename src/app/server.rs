@@ -167,7 +167,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
     let mut driver = Driver::new(config, store, backend).with_plugins_dir(args.plugins_dir.clone());
     if driver.backend.kind() == "local" {
         // Local calls are bound by the cores and the disk: more in flight
-        // only add threads (see `offload::limit_calls`). Member calls mostly
+        // only add threads (see `rt::offload::limit_calls`). Member calls mostly
         // wait on remote API servers, and stay unbounded.
         crate::rt::offload::limit_calls(LOCAL_CALLS_IN_FLIGHT);
     }
@@ -231,7 +231,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
         }
         driver = match mirror {
             // The controller's writes wait for their RelayVolume (see
-            // `member::mirror`); a node plugin's entries follow in the
+            // `k8s::mirror`); a node plugin's entries follow in the
             // background, since a node's state is rebuilt from its mounts.
             Some(mirror) => driver.with_mirror(mirror),
             None => driver.with_observer(Arc::new(

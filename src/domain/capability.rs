@@ -79,13 +79,28 @@ impl Capability {
     /// capability, for tests.
     #[cfg(test)]
     pub fn plain_mount() -> Capability {
+        Capability::mount(AccessMode::SingleNodeWriter)
+    }
+
+    /// A mount of `mode` with no fs_type or flags, for tests.
+    #[cfg(test)]
+    pub fn mount(mode: AccessMode) -> Capability {
         Capability {
-            mode: AccessMode::SingleNodeWriter,
+            mode,
             access: AccessType::Mount {
                 fs_type: String::new(),
                 mount_flags: vec![],
                 volume_mount_group: String::new(),
             },
+        }
+    }
+
+    /// Raw block access of `mode`, for tests.
+    #[cfg(test)]
+    pub fn block(mode: AccessMode) -> Capability {
+        Capability {
+            mode,
+            access: AccessType::Block,
         }
     }
 

@@ -24,7 +24,7 @@ use crate::ops::driver::Driver;
 
 /// An RPC whose work commits, syncs or touches storage: observed as every
 /// call is (`observe::rpc`), and run whole off the async thread
-/// (`offload::call`) under the same method name.
+/// (`rt::offload::call`) under the same method name.
 pub async fn offloaded<T, Fut>(
     method: &'static str,
     object: &str,

@@ -1,6 +1,5 @@
 //! RelayVolume: server-side applies per writer, removal, rebuild, the CRD.
 
-use crate::grpc::status::CsiCode;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -11,16 +10,13 @@ use crate::backends::member::backend::MemberBackend;
 use crate::domain::capability::Capability;
 use crate::domain::settings::DriverConfig;
 use crate::domain::volume::{Attachment, Progress, Publication, Stage};
+use crate::grpc::status::CsiCode;
 use crate::k8s::testing;
 use crate::ops::driver::Driver;
 use crate::store::Store;
 
 const RV: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
 const VOL_ID: &str = "m-east-0123456789abcdef0123456789abcdef";
-
-fn cap() -> Capability {
-    Capability::plain_mount()
-}
 
 fn volume() -> Volume {
     let mut nodes = BTreeMap::new();
@@ -29,12 +25,12 @@ fn volume() -> Volume {
         NodeRecord {
             attachment: Some(Attachment {
                 readonly: false,
-                capability: cap(),
+                capability: Capability::plain_mount(),
                 publish_context: [("relay.csi.dev/source-type".into(), "nfs".into())].into(),
             }),
             stage: Some(Stage {
                 path: "/var/lib/kubelet/staging/x".into(),
-                capability: cap(),
+                capability: Capability::plain_mount(),
                 device: None,
                 progress: Progress::Done,
             }),
@@ -42,7 +38,7 @@ fn volume() -> Volume {
                 "/var/lib/kubelet/pods/p/volumes/x".to_string(),
                 Publication {
                     readonly: false,
-                    capability: cap(),
+                    capability: Capability::plain_mount(),
                     progress: Progress::Done,
                 },
             )]
@@ -59,7 +55,7 @@ fn volume() -> Volume {
             pvc: "relay-0123456789abcdef0123456789abcdef".into(),
             selected_node: None,
         },
-        capabilities: vec![cap()],
+        capabilities: vec![Capability::plain_mount()],
         parameters: [
             (
                 "csi.storage.k8s.io/pvc/name".to_string(),

@@ -85,7 +85,7 @@ pub async fn promote_created(d: &Driver) -> CsiResult<usize> {
 }
 
 /// At start-up, before any call and before `promote_created`: storage made
-/// ahead that an earlier build left (see `backend::pool_leftovers`). An entry a
+/// ahead that an earlier build left (see `backends::local::pool_leftovers`). An entry a
 /// volume record owns was taken by a create whose move into place a power
 /// cut undid: it goes into place again before any call can need it. The
 /// rest are discarded in the background, off the way to Probe ready.

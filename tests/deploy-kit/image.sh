@@ -5,7 +5,7 @@
 #   takes, with no registry: FROM scratch, holding
 #     - the project's own release binary (CSI_RELAY_BIN, default REPO/target/release/csi-relay;
 #       build it with `cargo build --release --locked --bin csi-relay`),
-#     - the host's copies of the tools the node plugin runs (src/mount/: blkid, mkfs.<fs>,
+#     - the host's copies of the tools the node plugin runs (src/os/: blkid, mkfs.<fs>,
 #       e2fsck, resize2fs, dumpe2fs, xfs_growfs, losetup, mount; plus umount, fsfreeze and
 #       mount.nfs when the host has it), with the shared libraries ldd names,
 #     - a minimal /etc (passwd, group, nsswitch.conf, hosts, mke2fs.conf, mtab, CA bundle).

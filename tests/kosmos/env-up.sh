@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # env-up.sh RUN_DIR: adds to the running two-cluster environment
-# (tests/e2e-env/env-up.sh) what tests/kosmos_e2e.rs needs:
+# (tests/e2e-env/env-up.sh) what tests/suite/kosmos_e2e.rs needs:
 #   - in member cluster "member" (Kosmos Cluster "member1"): a kube-scheduler
 #     and a real kubelet node "member-kl-1" with its own containerd, running the
 #     hostpath CSI driver under the name hostpath.kl.csi.k8s.io (node plugin

@@ -92,7 +92,13 @@ fn harness() -> Option<&'static Harness> {
             .ok()?;
         let controller = ControllerService::new(driver.clone());
         let mut volumes = Vec::new();
-        for (name, cap) in [("fuzz-dir", mount_cap("")), ("fuzz-blk", block_cap())] {
+        for (name, cap) in [
+            ("fuzz-dir", common::req::snw()),
+            (
+                "fuzz-blk",
+                common::req::block_cap(volume_capability::access_mode::Mode::SingleNodeWriter),
+            ),
+        ] {
             let req = csi::CreateVolumeRequest {
                 name: name.into(),
                 capacity_range: Some(csi::CapacityRange {
@@ -118,27 +124,6 @@ fn harness() -> Option<&'static Harness> {
         })
     })
     .as_ref()
-}
-
-fn mount_cap(fs: &str) -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(volume_capability::AccessMode { mode: 1 }),
-        access_type: Some(volume_capability::AccessType::Mount(
-            volume_capability::MountVolume {
-                fs_type: fs.into(),
-                ..Default::default()
-            },
-        )),
-    }
-}
-
-fn block_cap() -> csi::VolumeCapability {
-    csi::VolumeCapability {
-        access_mode: Some(volume_capability::AccessMode { mode: 1 }),
-        access_type: Some(volume_capability::AccessType::Block(
-            volume_capability::BlockVolume {},
-        )),
-    }
 }
 
 /// Mount points outside the harness's directory, from mountinfo.

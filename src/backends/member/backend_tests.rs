@@ -1,7 +1,6 @@
 //! MemberBackend against a scripted API: the exact requests (method, path,
 //! body fields) and the CSI codes each answer produces.
 
-use crate::grpc::status::CsiCode;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use tonic::Code;
 use super::*;
 use crate::domain::capability::{AccessMode, AccessType, Capability};
 use crate::domain::volume::{Attachment, Lifecycle, NodeRecord};
+use crate::grpc::status::CsiCode;
 use crate::k8s::testing::{self, MockApi};
 
 const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";

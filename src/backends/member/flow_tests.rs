@@ -3,7 +3,6 @@
 //! accessible_topology) and what both clusters are asked, across a failed
 //! attempt and its retry.
 
-use crate::grpc::status::CsiCode;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -13,6 +12,7 @@ use tonic::Code;
 use crate::csi;
 use crate::domain::settings::Mode;
 use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
+use crate::grpc::status::CsiCode;
 use crate::k8s::naming::VOLUME_ID_ANNOTATION;
 use crate::k8s::relay_volume::{RelayVolumeObserver, Role};
 use crate::k8s::testing::{self, MockApi};

@@ -366,22 +366,6 @@ pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::capability::AccessType;
-
-    fn cap(mode: AccessMode, block: bool) -> Capability {
-        Capability {
-            mode,
-            access: if block {
-                AccessType::Block
-            } else {
-                AccessType::Mount {
-                    fs_type: String::new(),
-                    mount_flags: vec![],
-                    volume_mount_group: String::new(),
-                }
-            },
-        }
-    }
 
     #[test]
     fn access_modes_follow_the_csi_modes() {
@@ -400,7 +384,7 @@ mod tests {
             ),
         ];
         for (modes, want) in cases {
-            let caps: Vec<Capability> = modes.iter().map(|m| cap(*m, false)).collect();
+            let caps: Vec<Capability> = modes.iter().map(|m| Capability::mount(*m)).collect();
             assert_eq!(access_modes(&caps), want, "{modes:?}");
         }
     }
@@ -426,6 +410,6 @@ mod tests {
             [("Resizing".to_string(), "m".to_string())]
         );
         assert_eq!(phase(&PersistentVolumeClaim::default()), "Pending");
-        let _ = cap(AccessMode::SingleNodeWriter, true);
+        let _ = Capability::block(AccessMode::SingleNodeWriter);
     }
 }

@@ -234,17 +234,13 @@ mod tests {
     use crate::domain::volume::{Attachment, NodeRecord};
     use crate::grpc::status::CsiCode;
 
-    fn cap() -> Capability {
-        Capability::plain_mount()
-    }
-
     fn new_volume() -> NewVolume {
         NewVolume {
             id: "vol-1".into(),
             name: "pvc-1".into(),
             capacity_bytes: 1 << 20,
             backing: Backing::Directory,
-            capabilities: vec![cap()],
+            capabilities: vec![Capability::plain_mount()],
             parameters: BTreeMap::new(),
             mutable_parameters: BTreeMap::new(),
             source: None,
@@ -268,7 +264,7 @@ mod tests {
             NodeRecord {
                 attachment: Some(Attachment {
                     readonly: false,
-                    capability: cap(),
+                    capability: Capability::plain_mount(),
                     publish_context: [("k".to_string(), "v".to_string())].into(),
                 }),
                 stage: None,
@@ -295,7 +291,7 @@ mod tests {
 
     #[test]
     fn create_repeats_resume_reply_or_refuse() {
-        let caps = vec![cap()];
+        let caps = vec![Capability::plain_mount()];
         let parameters = BTreeMap::new();
         let source = None;
         let req = CreateRequest {

@@ -381,24 +381,13 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
-    fn cap(mode: AccessMode) -> Capability {
-        Capability {
-            mode,
-            access: AccessType::Mount {
-                fs_type: String::new(),
-                mount_flags: vec![],
-                volume_mount_group: String::new(),
-            },
-        }
-    }
-
     fn volume(mode: AccessMode) -> Volume {
         Volume {
             id: "vol-1".into(),
             name: "pvc-1".into(),
             capacity_bytes: 1 << 20,
             backing: Backing::Directory,
-            capabilities: vec![cap(mode)],
+            capabilities: vec![Capability::mount(mode)],
             parameters: BTreeMap::new(),
             mutable_parameters: BTreeMap::new(),
             source: None,
@@ -424,7 +413,7 @@ mod tests {
 
     #[test]
     fn full_lifecycle_up_and_down() {
-        let c = cap(AccessMode::SingleNodeWriter);
+        let c = Capability::mount(AccessMode::SingleNodeWriter);
         let v = volume(AccessMode::SingleNodeWriter);
         assert_eq!(v.phase(), Phase::Created);
         let v = next(controller_publish(&v, "n1", false, &c, None));
@@ -460,7 +449,7 @@ mod tests {
 
     #[test]
     fn repeats_are_unchanged_and_conflicts_already_exist() {
-        let c = cap(AccessMode::SingleNodeWriter);
+        let c = Capability::mount(AccessMode::SingleNodeWriter);
         let v = next(controller_publish(
             &volume(AccessMode::SingleNodeWriter),
             "n1",
@@ -520,7 +509,7 @@ mod tests {
 
     #[test]
     fn single_node_modes_refuse_a_second_node() {
-        let c = cap(AccessMode::SingleNodeWriter);
+        let c = Capability::mount(AccessMode::SingleNodeWriter);
         let v = next(controller_publish(
             &volume(AccessMode::SingleNodeWriter),
             "n1",
@@ -532,7 +521,7 @@ mod tests {
             code(controller_publish(&v, "n2", false, &c, None)),
             tonic::Code::FailedPrecondition
         );
-        let m = cap(AccessMode::MultiNodeMultiWriter);
+        let m = Capability::mount(AccessMode::MultiNodeMultiWriter);
         let v = next(controller_publish(
             &volume(AccessMode::MultiNodeMultiWriter),
             "n1",
@@ -548,7 +537,7 @@ mod tests {
 
     #[test]
     fn multi_node_single_writer_allows_one_writer() {
-        let c = cap(AccessMode::MultiNodeSingleWriter);
+        let c = Capability::mount(AccessMode::MultiNodeSingleWriter);
         let v = next(controller_publish(
             &volume(AccessMode::MultiNodeSingleWriter),
             "n1",
@@ -565,7 +554,7 @@ mod tests {
 
     #[test]
     fn attach_limit_is_resource_exhausted() {
-        let c = cap(AccessMode::SingleNodeWriter);
+        let c = Capability::mount(AccessMode::SingleNodeWriter);
         let limit = AttachLimit {
             attached_on_node: 2,
             max: 2,
@@ -584,7 +573,7 @@ mod tests {
 
     #[test]
     fn out_of_order_calls_fail_precondition() {
-        let c = cap(AccessMode::SingleNodeWriter);
+        let c = Capability::mount(AccessMode::SingleNodeWriter);
         let v = volume(AccessMode::SingleNodeWriter);
         assert_eq!(
             code(node_stage(&v, "n1", "/s", &c, true)),
@@ -642,7 +631,7 @@ mod tests {
 
     #[test]
     fn single_node_single_writer_has_one_target() {
-        let c = cap(AccessMode::SingleNodeSingleWriter);
+        let c = Capability::mount(AccessMode::SingleNodeSingleWriter);
         let v = volume(AccessMode::SingleNodeSingleWriter);
         let v = stage_done(&next(node_stage(&v, "n1", "/s", &c, false)), "n1", None);
         let v = publish_done(
@@ -676,7 +665,7 @@ mod tests {
     fn unfinished_records_are_not_volumes() {
         let mut v = volume(AccessMode::SingleNodeWriter);
         v.lifecycle = Lifecycle::Provisioning;
-        let c = cap(AccessMode::SingleNodeWriter);
+        let c = Capability::mount(AccessMode::SingleNodeWriter);
         assert_eq!(
             code(controller_publish(&v, "n1", false, &c, None)),
             tonic::Code::NotFound
@@ -711,7 +700,7 @@ mod tests {
         /// volume can always be unwound back to CREATED.
         #[test]
         fn random_call_sequences_keep_invariants(mode in prop_oneof![Just(AccessMode::SingleNodeWriter), Just(AccessMode::MultiNodeMultiWriter)], calls in proptest::collection::vec(call(), 1..40)) {
-            let c = cap(mode);
+            let c = Capability::mount(mode);
             let mut v = volume(mode);
             for call in calls {
                 let node = |n: u8| format!("n{n}");

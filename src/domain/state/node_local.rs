@@ -142,10 +142,6 @@ mod tests {
     use crate::domain::volume::{Progress, Stage};
     use crate::grpc::status::CsiCode;
 
-    fn cap() -> Capability {
-        Capability::plain_mount()
-    }
-
     fn facts() -> AdoptFacts<'static> {
         AdoptFacts {
             volume_id: "east~ns~pvc",
@@ -202,7 +198,15 @@ mod tests {
     fn an_adopted_record_is_ready_attached_and_dropped_when_unused() {
         let ctx = BTreeMap::from([("k".to_string(), "v".to_string())]);
         let vc = HashMap::from([(source::MEMBER_NAMESPACE.to_string(), "ns".to_string())]);
-        let v = adopt("east~ns~pvc", "n1", &member(), ctx.clone(), &vc, &cap(), 5);
+        let v = adopt(
+            "east~ns~pvc",
+            "n1",
+            &member(),
+            ctx.clone(),
+            &vc,
+            &Capability::plain_mount(),
+            5,
+        );
         assert!(is_node_local(&v));
         assert_eq!(v.lifecycle, Lifecycle::Ready);
         let a = v.nodes["n1"].attachment.as_ref().unwrap();
@@ -216,7 +220,7 @@ mod tests {
         if let Some(n) = staged.nodes.get_mut("n1") {
             n.stage = Some(Stage {
                 path: "/s".into(),
-                capability: cap(),
+                capability: Capability::plain_mount(),
                 device: None,
                 progress: Progress::Done,
             });
@@ -227,7 +231,15 @@ mod tests {
     #[test]
     fn unused_inline_volumes_are_deleted_and_others_kept() {
         let ctx = BTreeMap::new();
-        let mut v = adopt("id", "n1", &member(), ctx, &HashMap::new(), &cap(), 0);
+        let mut v = adopt(
+            "id",
+            "n1",
+            &member(),
+            ctx,
+            &HashMap::new(),
+            &Capability::plain_mount(),
+            0,
+        );
         v.parameters.clear();
         assert!(!stage_needs_attachment(&v, false));
         assert!(stage_needs_attachment(&v, true));

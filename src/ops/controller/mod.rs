@@ -1,5 +1,5 @@
 //! Controller-side operations, one file per concern. Each takes the decoded
-//! gRPC request and returns the reply; `service::controller` only wires them.
+//! gRPC request and returns the reply; `grpc::controller_service` only wires them.
 
 pub mod capacity;
 pub mod group_snapshot;

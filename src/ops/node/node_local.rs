@@ -1,4 +1,4 @@
-//! The driver side of node-local records (see `state::node_local` for what
+//! The driver side of node-local records (see `domain::state::node_local` for what
 //! they are): adopting one for a NodeStageVolume this store knows nothing
 //! of, and committing or dropping one after node work.
 
