@@ -146,8 +146,6 @@ impl VolumeObserver for ObserverQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::volume::{Backing, Lifecycle};
-    use std::collections::BTreeMap;
     use std::time::Duration;
 
     struct Slow {
@@ -186,20 +184,8 @@ mod tests {
 
     fn vol(id: &str, bytes: u64) -> Volume {
         Volume {
-            id: id.into(),
-            name: id.into(),
             capacity_bytes: bytes,
-            backing: Backing::Directory,
-            capabilities: vec![],
-            parameters: BTreeMap::new(),
-            mutable_parameters: BTreeMap::new(),
-            source: None,
-            topology: vec![],
-            context: BTreeMap::new(),
-            created_unix: 0,
-            lifecycle: Lifecycle::Ready,
-            ephemeral: false,
-            nodes: BTreeMap::new(),
+            ..crate::domain::volume::sample(id, id)
         }
     }
 

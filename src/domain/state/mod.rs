@@ -376,27 +376,15 @@ pub fn publish_removed(vol: &Volume, node_id: &str, target: &str) -> Volume {
 mod tests {
     use super::*;
     use crate::domain::capability::AccessType;
-    use crate::domain::volume::{Backing, Phase};
+    use crate::domain::volume::Phase;
     use crate::grpc::status::CsiCode;
     use proptest::prelude::*;
-    use std::collections::BTreeMap;
 
     fn volume(mode: AccessMode) -> Volume {
         Volume {
-            id: "vol-1".into(),
-            name: "pvc-1".into(),
             capacity_bytes: 1 << 20,
-            backing: Backing::Directory,
             capabilities: vec![Capability::mount(mode)],
-            parameters: BTreeMap::new(),
-            mutable_parameters: BTreeMap::new(),
-            source: None,
-            topology: vec![],
-            context: BTreeMap::new(),
-            created_unix: 0,
-            lifecycle: Lifecycle::Ready,
-            ephemeral: false,
-            nodes: BTreeMap::new(),
+            ..crate::domain::volume::sample("vol-1", "pvc-1")
         }
     }
 
