@@ -200,6 +200,29 @@ mod tests {
         }
     }
 
+    /// The texts operators and tests have read since before `KubeError`
+    /// existed, word for word.
+    #[test]
+    fn every_status_keeps_its_text() {
+        let cases = [
+            (401, "Unauthorized", "member cluster east rejected csi-relay's credentials for get PersistentVolumeClaim a/b: the server says Unauthorized"),
+            (403, "Forbidden", "member cluster east forbids get PersistentVolumeClaim a/b: the server says Forbidden; grant csi-relay's identity there this permission"),
+            (404, "NotFound", "member cluster east: get PersistentVolumeClaim a/b: the server says NotFound"),
+            (409, "Conflict", "member cluster east: get PersistentVolumeClaim a/b conflicted: the server says Conflict; retry"),
+            (503, "ServiceUnavailable", "member cluster east cannot serve get PersistentVolumeClaim a/b right now (503 ServiceUnavailable): the server says ServiceUnavailable"),
+            (422, "Invalid", "member cluster east: get PersistentVolumeClaim a/b failed (422 Invalid): the server says Invalid"),
+        ];
+        for (status, reason, text) in cases {
+            assert_eq!(mapped(api(status, reason)).to_string(), text);
+        }
+        let e: CsiError =
+            timed_out("host cluster", "list nodes", Duration::from_millis(2500)).into();
+        assert_eq!(
+            e.to_string(),
+            "host cluster unreachable: list nodes: no answer within 2.5s"
+        );
+    }
+
     #[test]
     fn forbidden_names_the_operation() {
         let err = mapped(api(403, "Forbidden"));

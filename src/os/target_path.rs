@@ -116,6 +116,27 @@ pub fn check_outside(path: &Path, protected: &Path) -> Result<PathBuf, PathError
 mod tests {
     use super::*;
 
+    /// The texts a refused path has always had, word for word.
+    #[test]
+    fn refusals_keep_their_text() {
+        assert_eq!(
+            check(Path::new("/etc/x")).unwrap_err().to_string(),
+            "/etc/x resolves to /etc/x, a system path this driver never mounts on"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let state = std::fs::canonicalize(tmp.path()).unwrap();
+        let inside = state.join("volumes/v");
+        assert_eq!(
+            check_outside(&inside, &state).unwrap_err().to_string(),
+            format!(
+                "{} resolves to {}, which overlaps the driver's state directory {}",
+                inside.display(),
+                inside.display(),
+                state.display()
+            )
+        );
+    }
+
     #[test]
     fn system_paths_and_links_into_them_are_refused() {
         assert!(check(Path::new("/etc/x")).is_err());
