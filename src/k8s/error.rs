@@ -73,14 +73,6 @@ impl KubeError {
             _ => None,
         }
     }
-
-    /// The API server's own message, when it answered with a status.
-    pub fn api_message(&self) -> Option<&str> {
-        match self {
-            KubeError::Api { message, .. } => Some(message),
-            _ => None,
-        }
-    }
 }
 
 impl From<KubeError> for CsiError {
