@@ -107,6 +107,16 @@ pub struct ServeArgs {
     #[arg(long = "member", value_name = "NAME=KUBECONFIG", value_parser = crate::k8s::connect::parse_member)]
     pub members: Vec<crate::k8s::connect::MemberArg>,
 
+    /// A member cluster declared lost for good (deleted, its credentials
+    /// revoked), repeatable; not also given as --member. The relay never
+    /// contacts it: ControllerUnpublishVolume and DeleteVolume of its volumes
+    /// succeed and leave its member objects there, each deleted volume's
+    /// RelayVolume kept as the record of that (phase RELEASED, label
+    /// relay.csi.dev/released-from=NAME); every other call on them is
+    /// refused. A member that is merely unreachable is never treated so.
+    #[arg(long = "lost-member", value_name = "NAME", value_parser = parse_member_name)]
+    pub lost_members: Vec<String>,
+
     /// Kubeconfig of the host cluster, where the member backend keeps its
     /// RelayVolume objects and looks up nodes. Default: in-cluster config.
     #[arg(long, value_name = "PATH")]
@@ -191,4 +201,9 @@ pub struct ServeArgs {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+fn parse_member_name(name: &str) -> Result<String, String> {
+    crate::k8s::naming::check_member_name(name)?;
+    Ok(name.to_string())
 }

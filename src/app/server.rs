@@ -244,7 +244,16 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
 
 /// The member backend's clusters, from `--member` and `--host-kubeconfig`.
 async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), StartError> {
-    if args.members.is_empty() && args.mode.controller() {
+    if let Some(both) = args
+        .lost_members
+        .iter()
+        .find(|lost| args.members.iter().any(|m| &m.name == *lost))
+    {
+        return Err(StartError::Config(format!(
+            "member {both} is given as --member and as --lost-member: a member declared lost is never contacted, drop its --member"
+        )));
+    }
+    if args.members.is_empty() && args.lost_members.is_empty() && args.mode.controller() {
         return Err(StartError::Config(
             "--backend member needs at least one --member NAME=KUBECONFIG".into(),
         ));
@@ -263,7 +272,8 @@ async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), St
         .await
         .map_err(StartError::Config)?;
     let backend = MemberBackend::new(clusters, Some(host.clone()), &args.driver_name)
-        .with_virtual_nodes(args.virtual_node_selector.clone());
+        .with_virtual_nodes(args.virtual_node_selector.clone())
+        .with_lost_members(args.lost_members.iter().cloned());
     Ok((backend, host))
 }
 
@@ -608,6 +618,38 @@ mod tests {
         .err()
         .unwrap();
         assert!(dup.to_string().contains("twice"), "{dup}");
+        // A member is either reached or declared lost, never both.
+        let both = build(&serve_args(&[
+            "--state-dir",
+            state,
+            "--backend",
+            "member",
+            "--member",
+            &member,
+            "--lost-member",
+            "east",
+            "--host-kubeconfig",
+            host,
+        ]))
+        .await
+        .err()
+        .unwrap();
+        assert!(
+            both.to_string().contains("--member and as --lost-member"),
+            "{both}"
+        );
+        let bad = <crate::app::cli::Cli as clap::Parser>::try_parse_from([
+            "csi-relay",
+            "serve",
+            "--node-id",
+            "n1",
+            "--lost-member",
+            "Not_A_Name",
+        ]);
+        assert!(
+            bad.is_err(),
+            "a lost member's name is checked like a member's"
+        );
         // A node plugin starts without contacting any cluster.
         let d = build(&serve_args(&[
             "--state-dir",

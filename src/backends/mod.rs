@@ -233,6 +233,13 @@ pub trait Backend: Send + Sync + 'static {
         Ok(false)
     }
 
+    /// Why DeleteVolume of `vol` must leave its storage where it is and
+    /// only release the volume (its member was declared lost for good);
+    /// `None` for a volume whose storage is deleted as usual.
+    fn left_behind(&self, _vol: &Volume) -> Option<String> {
+        None
+    }
+
     /// Releases the volume's storage. Already absent is success.
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()>;
 

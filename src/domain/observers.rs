@@ -26,6 +26,11 @@ pub trait VolumeObserver: Send + Sync + 'static {
 pub trait RecordMirror: Send + Sync + 'static {
     async fn put(&self, vol: &Volume) -> CsiResult<()>;
     async fn remove(&self, vol: &Volume) -> CsiResult<()>;
+    /// The record is gone but its storage was left behind (`left` says
+    /// where and why): a copy that can say so keeps saying it.
+    async fn release(&self, vol: &Volume, _left: &str) -> CsiResult<()> {
+        self.remove(vol).await
+    }
     /// Makes the copy of volume `id` what the store holds (`current`) if
     /// an earlier write of it failed or is not known to have landed.
     async fn settle(&self, id: &str, current: Option<&Volume>) -> CsiResult<()>;

@@ -130,6 +130,11 @@ impl RecordMirror for RelayMirror {
         self.remove_id(&vol.id).await
     }
 
+    async fn release(&self, vol: &Volume, left: &str) -> CsiResult<()> {
+        let released = self.writer.release(vol, left).await;
+        self.landed(&vol.id, released)
+    }
+
     async fn settle(&self, id: &str, current: Option<&Volume>) -> CsiResult<()> {
         if !lock(&self.unmirrored).contains(id) {
             return Ok(());

@@ -32,6 +32,12 @@ pub const HOST_PVC_NAME: &str = "relay.csi.dev/host-pvc-name";
 pub const HOST_PVC_NAMESPACE: &str = "relay.csi.dev/host-pvc-namespace";
 /// Annotation: the host PV (from --extra-create-metadata).
 pub const HOST_PV_NAME: &str = "relay.csi.dev/host-pv-name";
+/// Annotation on a member VolumeAttachment: the host node it was made
+/// for, so that unpublishing finds it without the node's member mapping.
+pub const HOST_NODE_ANNOTATION: &str = "relay.csi.dev/host-node";
+/// Label on a RelayVolume kept as the record of a volume deleted while its
+/// member was declared lost: the member its storage was left in.
+pub const RELEASED_FROM_LABEL: &str = "relay.csi.dev/released-from";
 /// Kubernetes' annotation telling a WaitForFirstConsumer provisioner the node.
 pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 

@@ -29,6 +29,8 @@ use crate::store::Store;
 pub const GROUP: &str = "relay.csi.dev";
 pub const VERSION: &str = "v1alpha1";
 /// Observer calls are on the RPC path: a slow host API costs at most this.
+/// The phase of a volume deleted without its storage (`release`).
+pub const RELEASED: &str = "RELEASED";
 pub const OBSERVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The record is one JSON string, not an object: server-side apply merges
@@ -84,9 +86,15 @@ pub struct RelayVolumeSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RelayVolumeStatus {
-    /// PROVISIONING, CREATED, NODE_READY, VOL_READY, PUBLISHED or DELETING.
+    /// PROVISIONING, CREATED, NODE_READY, VOL_READY, PUBLISHED or DELETING;
+    /// RELEASED once deleted without its storage (`released` says why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// What a volume deleted while its member was declared lost left in
+    /// that member. The object stays as that record until an operator
+    /// deletes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<String>,
     /// node=PHASE for every node the controller knows about.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_summary: Option<String>,
@@ -475,6 +483,48 @@ impl RelayVolumeObserver {
         Ok(())
     }
 
+    /// Keeps `vol`'s object as the record of a volume deleted without its
+    /// storage: phase RELEASED, `left` in `status.released`, and the label
+    /// that names the member it was left in. The controller never writes
+    /// it again, and start-up never restores a record from it.
+    pub async fn release(&self, vol: &Volume, left: &str) -> CsiResult<()> {
+        let name = object_name(&vol.id);
+        let params = PatchParams::apply(&format!("{FIELD_MANAGER}-release")).force();
+        let status = apply_body(
+            &name,
+            "status",
+            serde_json::json!({"phase": RELEASED, "released": left}),
+        );
+        let shown = self
+            .host
+            .fetch(
+                &format!("apply RelayVolume {name} status.released"),
+                self.api()
+                    .patch_status(&name, &params, &Patch::Apply(&status)),
+            )
+            .await?;
+        if shown.is_none() {
+            // Already deleted by hand: nothing is left to keep.
+            return Ok(());
+        }
+        let member = match &vol.backing {
+            Backing::Member { member, .. } => member.clone(),
+            _ => String::new(),
+        };
+        let label = serde_json::json!({
+            "apiVersion": format!("{GROUP}/{VERSION}"),
+            "kind": "RelayVolume",
+            "metadata": {"name": name, "labels": {naming::RELEASED_FROM_LABEL: member}},
+        });
+        self.host
+            .fetch(
+                &format!("label RelayVolume {name} released"),
+                self.api().patch(&name, &params, &Patch::Apply(&label)),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Removes `vol`'s object (controller) or this node's entry (node).
     pub async fn remove(&self, vol: &Volume) -> CsiResult<()> {
         self.remove_id(&vol.id).await
@@ -567,6 +617,11 @@ pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
     let mut restored = 0;
     let mut mirrored = std::collections::HashMap::with_capacity(list.items.len());
     for item in list.items {
+        if is_released(&item) {
+            // The record of a volume deleted without its storage, kept for
+            // the operator: no volume to restore.
+            continue;
+        }
         let vol: Volume = match serde_json::from_str(&item.spec.record) {
             Ok(v) => v,
             Err(e) => {
@@ -597,6 +652,17 @@ pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
     }
     let lagging = lagging(store, &mirrored).await?;
     Ok(Rebuilt { restored, lagging })
+}
+
+/// Whether `rv` is the record of a volume deleted without its storage: by
+/// its phase, or by its label should the status have been lost.
+pub fn is_released(rv: &RelayVolume) -> bool {
+    rv.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(RELEASED)
+        || rv
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(naming::RELEASED_FROM_LABEL))
 }
 
 /// The member volumes of the store whose record differs from `mirrored`

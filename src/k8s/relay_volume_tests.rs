@@ -239,10 +239,29 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
                "spec": serde_json::to_value(spec_of(vol).unwrap()).unwrap()})
     };
     let lost = volume();
+    // Records of volumes deleted while their member was declared lost: by
+    // their phase, or by their label alone.
+    let released = |id: &str, by_phase: bool| -> Value {
+        let mut v = volume();
+        v.id = id.into();
+        v.name = format!("pvc-{id}");
+        let mut rv = item(&v);
+        if by_phase {
+            rv["status"] = json!({"phase": "RELEASED", "released": "left there"});
+        } else {
+            rv["metadata"]["labels"] = json!({"relay.csi.dev/released-from": "east"});
+        }
+        rv
+    };
+    let released_ids = [
+        "m-east-dddddddddddddddddddddddddddddddd",
+        "m-east-cccccccccccccccccccccccccccccccc",
+    ];
     let (restored, ()) = tokio::join!(rebuild(&host, &driver.store), async {
         api.expect("GET", RV).await.ok(json!({
             "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList", "metadata": {},
             "items": [item(&known), item(&lost),
+                      released(released_ids[0], true), released(released_ids[1], false),
                       {"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolume",
                        "metadata": {"name": "junk"},
                        "spec": {"volumeId": "junk", "volumeName": "x", "capacityBytes": 0,
@@ -251,6 +270,12 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
     });
     let rebuilt = restored.unwrap();
     assert_eq!(rebuilt.restored, 1);
+    for id in released_ids {
+        assert!(
+            driver.find_volume(id).await.unwrap().is_none(),
+            "a released volume's record is kept for the operator, never restored as a volume"
+        );
+    }
     assert!(rebuilt.lagging.contains(&unlisted.id), "{rebuilt:?}");
     assert!(!rebuilt.lagging.contains(&known.id), "{rebuilt:?}");
     let back = driver.volume(VOL_ID).await.unwrap();

@@ -48,6 +48,14 @@ pub fn host() -> (Cluster, MockApi) {
 pub fn controller(
     dir: &std::path::Path,
 ) -> (crate::ops::driver::Driver, Cluster, MockApi, MockApi) {
+    controller_losing(dir, &[])
+}
+
+/// `controller`, with `lost` declared lost for good (`--lost-member`).
+pub fn controller_losing(
+    dir: &std::path::Path,
+    lost: &[&str],
+) -> (crate::ops::driver::Driver, Cluster, MockApi, MockApi) {
     let (east, member) = member("east");
     let (host, host_api) = host();
     let backend = crate::backends::member::backend::MemberBackend::new(
@@ -55,7 +63,8 @@ pub fn controller(
         Some(host.clone()),
         "relay.csi.dev",
     )
-    .with_virtual_nodes(crate::k8s::registrar::NodeSelector::default());
+    .with_virtual_nodes(crate::k8s::registrar::NodeSelector::default())
+    .with_lost_members(lost.iter().map(|m| m.to_string()));
     // Capacity as the CO reads it: an int64.
     let config = crate::domain::settings::DriverConfig::for_tests(dir, "ctrl", i64::MAX as u64);
     let store = crate::store::Store::open(dir).expect("open the test store");

@@ -209,10 +209,19 @@ impl Driver {
             .await
     }
 
+    /// Deletes the record of a volume whose storage stays behind (`left`
+    /// says where and why); its mirrored copy is kept as the record of
+    /// that, instead of being removed.
+    pub async fn release_volume(&self, vol: &Volume, left: &str) -> CsiResult<()> {
+        let id = vol.id.clone();
+        self.write(vol, Write::Release(left), move |s| s.remove_volume(&id))
+            .await
+    }
+
     /// Runs one store write of `vol` (`f` owns what it writes: the one
     /// copy of the record a put makes, or the id a removal needs), then
     /// tells the observers.
-    async fn write<F>(&self, vol: &Volume, kind: Write, f: F) -> CsiResult<()>
+    async fn write<F>(&self, vol: &Volume, kind: Write<'_>, f: F) -> CsiResult<()>
     where
         F: FnOnce(&Store) -> StoreResult<()> + Send + 'static,
     {
@@ -221,13 +230,14 @@ impl Driver {
             match kind {
                 Write::Put => m.put(vol).await?,
                 Write::Remove => m.remove(vol).await?,
+                Write::Release(left) => m.release(vol, left).await?,
             }
         }
         for o in &self.observers {
             match kind {
                 // Observers behind a queue retry on their own.
                 Write::Put => o.changed(vol).await,
-                Write::Remove => o.removed(vol).await,
+                Write::Remove | Write::Release(_) => o.removed(vol).await,
             };
         }
         Ok(())
@@ -235,9 +245,11 @@ impl Driver {
 }
 
 #[derive(Clone, Copy)]
-enum Write {
+enum Write<'a> {
     Put,
     Remove,
+    /// Removed, its storage left behind for the reason given.
+    Release(&'a str),
 }
 
 /// Whether a volume's node state and creation are witnessed on this

@@ -270,7 +270,10 @@ async fn sweep_volume(d: &Driver, vol: Volume, why: Expiry, report: &mut Report)
     let expired = vol.lifecycle == Lifecycle::Provisioning;
     let result = async {
         d.backend.delete_volume(&vol).await?;
-        d.remove_volume(&vol).await
+        match d.backend.left_behind(&vol) {
+            Some(left) => d.release_volume(&vol, &left).await,
+            None => d.remove_volume(&vol).await,
+        }
     }
     .await;
     match result {

@@ -33,8 +33,7 @@ if [[ -d $RUN/lab ]]; then
 fi
 km taint node member-node-1 "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true
 km delete storageclass $KL_CLASS $KL_CLASS-wffc --ignore-not-found > /dev/null 2>&1 || true
-stop_all "$RUN/member2"
-"$E2E_ENV/cluster-down.sh" member2 --wipe > "$RUN/logs/cluster-down-member2.log" 2>&1 || rc=1
+SPARE_MEMBER=member2 "$E2E_ENV/spare-member-down.sh" "$RUN" || rc=1
 left=$(awk '{print $5}' /proc/self/mountinfo | grep -F "$RUN" || true)
 [[ -z $left ]] || { echo "mounts left under $RUN: $left" >&2; rc=1; }
 exit $rc

@@ -29,8 +29,10 @@ for b in kubelet kube-scheduler pause hostpathplugin csi-node-driver-registrar c
 done
 [[ -d $E2E_HOME/kosmos-crds ]] || { echo "missing $E2E_HOME/kosmos-crds (Kosmos deploy/crds)" >&2; exit 2; }
 
-# member2: its control plane, in the background while member1's node starts.
-"$E2E_ENV/cluster-up.sh" member2 $MEMBER2_PORT > "$RUN/logs/cluster-up-member2.log" 2>&1 &
+# member2: its control plane and bare hostpath, in the background while
+# member1's node starts.
+SPARE_MEMBER=member2 SPARE_PORT=$MEMBER2_PORT "$E2E_ENV/spare-member-up.sh" "$RUN" \
+  > "$RUN/logs/spare-member-up-member2.log" 2>&1 &
 m2=$!
 
 # member1: a scheduler and a real kubelet node with hostpath; the fake
@@ -40,29 +42,8 @@ FAKE_NODES=member-node-1 FAKE_TAINT=$FAKE_TAINT DRIVER=$KL_DRIVER CLASS=$KL_CLAS
   "$E2E_ENV/storage-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT $SCHED_PORT "$RUN/lab" > "$RUN/logs/storage-node-up.log" 2>&1
 ts "member1: scheduler, kubelet node $KL_NODE with $KL_DRIVER, class $KL_CLASS"
 
-wait $m2 || { tail -5 "$RUN/logs/cluster-up-member2.log" >&2; false; }
+wait $m2 || { tail -5 "$RUN/logs/spare-member-up-member2.log" >&2; false; }
 M2KC=$E2E_HOME/run/member2.kubeconfig
-hl2() { ( LAB=$RUN/member2; source "$KL/kl-lib.sh"; "$@" ); }
-hl2 kl_start hostpath "$RUN/logs/member2-hostpath.log" "$E2E_HOME/bin/hostpathplugin" \
-  --endpoint "unix://$RUN/member2/hostpath.sock" --nodeid member2-node-1 --drivername $M2_DRIVER \
-  --statedir "$RUN/member2/state" -v=3
-waitfor 30 "member2 hostpath socket" test -S "$RUN/member2/hostpath.sock"
-hl2 kl_start csi-provisioner "$RUN/logs/member2-csi-provisioner.log" "$E2E_HOME/bin/csi-provisioner" \
-  --csi-address="$RUN/member2/hostpath.sock" --kubeconfig="$M2KC" --leader-election=false -v=3
-kubectl --kubeconfig "$M2KC" apply -f - > /dev/null <<YAML
-apiVersion: storage.k8s.io/v1
-kind: CSIDriver
-metadata: {name: $M2_DRIVER}
-spec: {attachRequired: false, podInfoOnMount: false, volumeLifecycleModes: [Persistent]}
----
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: $M2_CLASS}
-provisioner: $M2_DRIVER
-volumeBindingMode: Immediate
-reclaimPolicy: Delete
-YAML
-waitfor 60 "member2 default ServiceAccount" kubectl --kubeconfig "$M2KC" -n default get sa default
 ts "member2: control plane, $M2_DRIVER, class $M2_CLASS"
 
 # Kosmos.

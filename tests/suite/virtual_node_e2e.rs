@@ -68,19 +68,7 @@ async fn a_pod_on_a_virtual_node_gets_the_relay_volume_in_the_member() {
 
     // Host: the RelayVolume CRD and CSIDriver, as deploy/ installs them.
     e2e_support::install_crd(&host).await;
-    let csidriver: serde_json::Value = serde_json::from_str(&format!(
-        r#"{{"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {{"name": "{DRIVER}"}},
-            "spec": {{"attachRequired": true, "podInfoOnMount": true}}}}"#
-    ))
-    .unwrap();
-    Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(host.clone())
-        .patch(
-            DRIVER,
-            &PatchParams::apply("csi-relay-e2e").force(),
-            &Patch::Apply(&csidriver),
-        )
-        .await
-        .expect("CSIDriver");
+    e2e_support::install_csidriver(&host).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // The relay controller (split deployment: --mode controller) with its

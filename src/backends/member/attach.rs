@@ -29,17 +29,35 @@ pub async fn attach_required(cluster: &Cluster, driver: &str) -> CsiResult<bool>
     Ok(found.and_then(|d| d.spec.attach_required).unwrap_or(true))
 }
 
-pub fn manifest(
-    name: &str,
-    attacher: &str,
-    pv: &str,
-    node: &str,
-    labels: BTreeMap<String, String>,
-) -> VolumeAttachment {
+/// What the relay asks the member to attach: which object, by which
+/// attacher, of which PV, to which member node, for which host node.
+pub struct Wanted<'a> {
+    pub name: &'a str,
+    pub attacher: &'a str,
+    pub pv: &'a str,
+    pub member_node: &'a str,
+    pub host_node: &'a str,
+}
+
+pub fn manifest(wanted: &Wanted<'_>, labels: BTreeMap<String, String>) -> VolumeAttachment {
+    let Wanted {
+        name,
+        attacher,
+        pv,
+        member_node: node,
+        host_node,
+    } = wanted;
     VolumeAttachment {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             labels: Some(labels),
+            annotations: Some(
+                [(
+                    crate::k8s::naming::HOST_NODE_ANNOTATION.to_string(),
+                    host_node.to_string(),
+                )]
+                .into(),
+            ),
             ..Default::default()
         },
         spec: VolumeAttachmentSpec {
@@ -143,8 +161,6 @@ pub async fn ensure_attached(
     }
 }
 
-/// Deletes the VolumeAttachment and waits up to `wait` for the member's
-/// attacher to detach and remove it. Already gone is success.
 /// The relay's own VolumeAttachments in `cluster`: (name, volume uuid).
 pub async fn own(cluster: &Cluster) -> CsiResult<Vec<(String, String)>> {
     let api = Api::<VolumeAttachment>::all(cluster.client());
@@ -209,6 +225,38 @@ pub async fn shared_with(cluster: &Cluster, ours: &str) -> CsiResult<Option<Stri
         .and_then(|other| other.metadata.name))
 }
 
+/// The relay's VolumeAttachments of the volume `uuid` (one per member node
+/// it was ever attached to and not yet detached from).
+pub async fn of_volume(cluster: &Cluster, uuid: &str) -> CsiResult<Vec<VolumeAttachment>> {
+    let api = Api::<VolumeAttachment>::all(cluster.client());
+    let selector = format!(
+        "{}={},{}={uuid}",
+        crate::k8s::naming::MANAGED_BY,
+        crate::k8s::naming::MANAGER,
+        crate::k8s::naming::VOLUME_UUID_LABEL,
+    );
+    Ok(cluster
+        .fetch(
+            &format!("list the relay's VolumeAttachments of volume {uuid}"),
+            api.list(&kube::api::ListParams::default().labels(&selector)),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default())
+}
+
+/// The host node a VolumeAttachment was made for; `None` for one made by a
+/// build that did not record it.
+pub fn host_node(va: &VolumeAttachment) -> Option<&str> {
+    va.metadata
+        .annotations
+        .as_ref()?
+        .get(crate::k8s::naming::HOST_NODE_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// Deletes the VolumeAttachment and waits up to `wait` for the member's
+/// attacher to detach and remove it. Already gone is success.
 pub async fn ensure_detached(cluster: &Cluster, name: &str, wait: Duration) -> CsiResult<()> {
     let api = Api::<VolumeAttachment>::all(cluster.client());
     cluster

@@ -36,6 +36,10 @@ pub struct MemberBackend {
     unreachable: Mutex<HashMap<String, (Instant, String)>>,
     /// Which host nodes are virtual (no kubelet; pods run in a member).
     virtual_nodes: Option<crate::k8s::registrar::NodeSelector>,
+    /// Members an operator declared lost for good (`--lost-member`): never
+    /// contacted; their volumes can only be unpublished and deleted, which
+    /// leaves their member objects where they are.
+    lost: std::collections::BTreeSet<String>,
 }
 
 fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
@@ -44,6 +48,44 @@ fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
 }
 
 impl MemberBackend {
+    /// The member VolumeAttachment the relay made of `at` for host node
+    /// `node_id`, found by its labels and the host node it names: an
+    /// attachment never made needs neither the node nor its member mapping
+    /// (an unmapped node, or one deleted since, must not strand the volume).
+    /// Attachments of builds that did not name their host node are found by
+    /// the name the node's current mapping gives.
+    async fn attachment_for(
+        &self,
+        cluster: &Cluster,
+        at: &MemberVolume,
+        node_id: &str,
+    ) -> CsiResult<Option<String>> {
+        let ours = attach::of_volume(cluster, &at.uuid).await?;
+        if let Some(va) = ours
+            .iter()
+            .find(|va| attach::host_node(va) == Some(node_id))
+        {
+            return Ok(va.metadata.name.clone());
+        }
+        if ours.iter().all(|va| attach::host_node(va).is_some()) {
+            return Ok(None);
+        }
+        match nodes::resolve(
+            self.host.as_ref(),
+            cluster,
+            node_id,
+            self.virtual_nodes.as_ref(),
+        )
+        .await
+        {
+            Ok(nodes::NodePlace {
+                member_node: Some(member_node),
+                ..
+            }) => Ok(Some(naming::attachment_name(&at.uuid, &member_node))),
+            Ok(_) | Err(CsiError::NodeNotFound(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
     /// CreateVolume's work: the member PVC, from its source.
     async fn create_claim(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
         let at = MemberVolume::of(vol)?;
@@ -127,7 +169,20 @@ impl MemberBackend {
             wait: WAIT_BUDGET,
             unreachable: Mutex::new(HashMap::new()),
             virtual_nodes: None,
+            lost: Default::default(),
         }
+    }
+
+    /// Members declared lost for good (`--lost-member`). Only an
+    /// operator's word makes a member lost: one that does not answer is
+    /// waited for, however long.
+    pub fn with_lost_members(mut self, lost: impl IntoIterator<Item = String>) -> Self {
+        self.lost = lost.into_iter().collect();
+        self
+    }
+
+    fn is_lost(&self, member: &str) -> bool {
+        self.lost.contains(member)
     }
 
     /// Tells virtual nodes apart (`--virtual-node-selector`).
@@ -181,6 +236,11 @@ impl MemberBackend {
     }
 
     fn cluster(&self, name: &str) -> CsiResult<&Cluster> {
+        if self.is_lost(name) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "member cluster {name:?} is declared lost (--lost-member {name}): its volumes can only be unpublished and deleted, which leaves their member objects there"
+            )));
+        }
         self.members.get(name).ok_or_else(|| {
             CsiError::FailedPrecondition(format!(
                 "member cluster {name:?} is not configured (--member); configured: {:?}",
@@ -461,8 +521,23 @@ impl Backend for MemberBackend {
         })
     }
 
+    fn left_behind(&self, vol: &Volume) -> Option<String> {
+        let at = MemberVolume::of(vol).ok()?;
+        self.is_lost(&at.member).then(|| {
+            format!(
+                "member cluster {} was declared lost (--lost-member): PersistentVolumeClaim {} there, and the data in it, were left as they were",
+                at.member,
+                at.pvc_path()
+            )
+        })
+    }
+
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {
         let at = MemberVolume::of(vol)?;
+        if let Some(left) = self.left_behind(vol) {
+            tracing::warn!(volume_id = %vol.id, name = %vol.name, left_behind = %left, "volume released without its member");
+            return Ok(());
+        }
         let cluster = self.cluster(&at.member)?;
         pvc::delete(cluster, &at, &vol.id).await
     }
@@ -574,6 +649,10 @@ impl Backend for MemberBackend {
                 snap.id
             )));
         };
+        if self.is_lost(member) {
+            tracing::warn!(snapshot_id = %snap.id, member = %member, namespace = %namespace, "snapshot released: its member cluster is declared lost, and its member VolumeSnapshot is left there");
+            return Ok(());
+        }
         let cluster = self.cluster(member)?;
         Ok(snapshot::delete(cluster, namespace, &naming::snapshot_name(&snap.id)).await?)
     }
@@ -642,7 +721,14 @@ impl Backend for MemberBackend {
                     ))
                 })?;
                 let name = naming::attachment_name(&at.uuid, node);
-                let va = attach::manifest(&name, driver, &pv_name, node, naming::labels(&at.uuid));
+                let wanted = attach::Wanted {
+                    name: &name,
+                    attacher: driver,
+                    pv: &pv_name,
+                    member_node: node,
+                    host_node: node_id,
+                };
+                let va = attach::manifest(&wanted, naming::labels(&at.uuid));
                 *publish_context = attach::ensure_attached(cluster, &va, self.wait).await?;
                 *attachment = Some(name);
             }
@@ -829,6 +915,12 @@ impl Backend for MemberBackend {
             .and_then(|n| n.attachment.as_ref())
             .map(|a| &a.publish_context);
         let at = MemberVolume::of(vol)?;
+        if self.is_lost(&at.member) {
+            // Nothing of a lost member can be detached: the host node is
+            // released, whatever the member still holds.
+            tracing::warn!(volume_id = %vol.id, node_id, member = %at.member, "attachment released: its member cluster is declared lost");
+            return Ok(());
+        }
         let cluster = self.cluster(&at.member)?;
         let name = match context {
             None => return Ok(()),
@@ -836,22 +928,11 @@ impl Backend for MemberBackend {
                 Some(name) => name.clone(),
                 None => return Ok(()), // nothing was attached in the member
             },
-            // What was attached is not known (a record rebuilt from its
-            // RelayVolume): ours, if any, has the deterministic name.
-            Some(_) => match nodes::resolve(
-                self.host.as_ref(),
-                cluster,
-                node_id,
-                self.virtual_nodes.as_ref(),
-            )
-            .await
-            {
-                Ok(nodes::NodePlace {
-                    member_node: Some(member_node),
-                    ..
-                }) => naming::attachment_name(&at.uuid, &member_node),
-                Ok(_) | Err(CsiError::NodeNotFound(_)) => return Ok(()),
-                Err(e) => return Err(e),
+            // What was attached is not known: an attach that was refused,
+            // failed or cut short, or a record rebuilt from its RelayVolume.
+            Some(_) => match self.attachment_for(cluster, &at, node_id).await? {
+                Some(name) => name,
+                None => return Ok(()),
             },
         };
         if let Some(other) = attach::shared_with(cluster, &name).await? {

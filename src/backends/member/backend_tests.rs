@@ -998,6 +998,10 @@ async fn publish_attaches_csi_volumes_through_a_member_volume_attachment() {
             uuid.as_str()
         );
         assert_eq!(
+            post.body["metadata"]["annotations"][naming::HOST_NODE_ANNOTATION],
+            "worker-1"
+        );
+        assert_eq!(
             post.body["spec"],
             json!({"attacher": "disk.csi.example", "nodeName": "worker-1",
                    "source": {"persistentVolumeName": "pv-9"}})
@@ -1203,20 +1207,118 @@ async fn unpublish_never_detaches_under_a_member_pod() {
     result.unwrap();
 }
 
+fn annotated_va(name: &str, pv: &str, node: &str, host_node: Option<&str>) -> Value {
+    let mut v = va(name, pv, node);
+    if let Some(host_node) = host_node {
+        v["metadata"]["annotations"] = json!({naming::HOST_NODE_ANNOTATION: host_node});
+    }
+    v
+}
+
+/// The label selector of the relay's attachments of `vol`.
+fn ours_of(vol: &Volume) -> String {
+    let uuid = naming::parse_volume_id(&vol.id).unwrap().1.to_string();
+    format!(
+        "{}={},{}={uuid}",
+        naming::MANAGED_BY,
+        naming::MANAGER,
+        naming::VOLUME_UUID_LABEL
+    )
+}
+
+// ControllerPublishVolume refused for a node that maps to no member node
+// (its intent recorded, nothing made in the member): unpublishing asks the
+// member which attachments exist and needs neither the node nor its
+// mapping, which still refuses.
+#[tokio::test(start_paused = true)]
+async fn unpublish_after_a_refused_publish_needs_no_node_mapping() {
+    let (b, mut api, mut host) = with_host();
+    let mut vol = standard(&b);
+    let (refused, ()) = tokio::join!(b.attach(&vol, "unlabelled"), async {
+        host.expect("GET", "/api/v1/nodes/unlabelled")
+            .await
+            .ok(node("unlabelled", json!({})));
+        api.expect("GET", "/api/v1/nodes/unlabelled")
+            .await
+            .not_found();
+    });
+    assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
+    attached_to(&mut vol, "unlabelled", BTreeMap::new());
+    let (result, ()) = tokio::join!(b.detach(&vol, "unlabelled"), async {
+        let list = api.expect("GET", VAS).await;
+        assert_eq!(
+            list.query_map().get("labelSelector").map(|s| s
+                .replace("%3D", "=")
+                .replace("%2C", ",")
+                .replace("%2F", "/")),
+            Some(ours_of(&vol))
+        );
+        list.ok(va_list(vec![]));
+        api.expect_idle().await;
+        host.expect_idle().await;
+    });
+    result.unwrap();
+}
+
 // A record rebuilt from its RelayVolume has no publish_context (it is never
 // trusted): unpublishing it still removes the relay's member attachment,
-// found by its deterministic name.
+// found by the host node it names, even once that node is gone.
 #[tokio::test(start_paused = true)]
-async fn unpublish_of_a_rebuilt_record_removes_the_deterministic_attachment() {
+async fn unpublish_of_a_rebuilt_record_finds_the_attachment_by_its_host_node() {
+    let (b, mut api) = east();
+    let mut vol = standard(&b);
+    attached_to(&mut vol, "host-1", BTreeMap::new());
+    let path = "/apis/storage.k8s.io/v1/volumeattachments/relay-x-1";
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-1"), async {
+        api.expect("GET", VAS).await.ok(va_list(vec![
+            annotated_va("relay-x-2", "pv-9", "worker-2", Some("host-2")),
+            annotated_va("relay-x-1", "pv-9", "worker-1", Some("host-1")),
+        ]));
+        api.expect("GET", path).await.ok(annotated_va(
+            "relay-x-1",
+            "pv-9",
+            "worker-1",
+            Some("host-1"),
+        ));
+        api.expect("GET", VAS).await.ok(va_list(vec![
+            annotated_va("relay-x-2", "pv-9", "worker-2", Some("host-2")),
+            annotated_va("relay-x-1", "pv-9", "worker-1", Some("host-1")),
+        ]));
+        api.expect("DELETE", path)
+            .await
+            .ok(va("relay-x-1", "pv-9", "worker-1"));
+        api.expect("GET", path).await.not_found();
+        api.expect_idle().await;
+    });
+    result.unwrap();
+    // Attachments for other host nodes only: nothing of host-3's to detach.
+    attached_to(&mut vol, "host-3", BTreeMap::new());
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-3"), async {
+        api.expect("GET", VAS).await.ok(va_list(vec![annotated_va(
+            "relay-x-2",
+            "pv-9",
+            "worker-2",
+            Some("host-2"),
+        )]));
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+// An attachment made by a build that did not name its host node: found by
+// the deterministic name the node's mapping gives, as before.
+#[tokio::test(start_paused = true)]
+async fn unpublish_of_an_older_attachment_uses_the_node_mapping() {
     let (b, mut api) = east();
     let mut vol = standard(&b);
     attached_to(&mut vol, "worker-1", BTreeMap::new());
     let uuid = naming::parse_volume_id(&vol.id).unwrap().1.to_string();
-    let path = format!(
-        "/apis/storage.k8s.io/v1/volumeattachments/{}",
-        naming::attachment_name(&uuid, "worker-1")
-    );
+    let name = naming::attachment_name(&uuid, "worker-1");
+    let path = format!("/apis/storage.k8s.io/v1/volumeattachments/{name}");
     let (result, ()) = tokio::join!(b.detach(&vol, "worker-1"), async {
+        api.expect("GET", VAS)
+            .await
+            .ok(va_list(vec![annotated_va(&name, "pv-9", "worker-1", None)]));
         api.expect("GET", "/api/v1/nodes/worker-1")
             .await
             .ok(node("worker-1", json!({})));

@@ -203,8 +203,8 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
     assert!(err.to_string().contains("not Bound yet"), "{err}");
 
     // The CO gives up on the attachment (its VolumeAttachment is deleted):
-    // ControllerUnpublish removes the intent; this host node stands for no
-    // single member node, so the relay made no member attachment.
+    // ControllerUnpublish removes the intent; the member holds no
+    // attachment of the volume, so nothing else is asked.
     let (unpublished, (), ()) = tokio::join!(
         publish::unpublish(
             &d,
@@ -216,14 +216,14 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
         ),
         async {
             member
-                .expect("GET", "/api/v1/nodes/host-1")
+                .expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
                 .await
-                .not_found();
+                .ok(
+                    json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+                           "metadata": {}, "items": []}),
+                );
         },
         async {
-            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
             assert_eq!(applied(&mut host).await, "CREATED");
         }
     );
@@ -660,4 +660,116 @@ async fn a_refused_create_shows_why_and_goes_with_its_claim() {
     );
     swept.unwrap();
     assert_eq!(report.abandoned_volumes, 1, "{report:?}");
+}
+
+// A member declared lost for good (`--lost-member west`): its volume's
+// attachment and the volume itself are released without a word to any
+// member, every other call on it is refused naming the flag, and its
+// RelayVolume stays as the record of what was left there: phase RELEASED,
+// the member claim named, the label that finds it.
+#[tokio::test(start_paused = true)]
+async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_record() {
+    use crate::domain::volume::{sample, with_attachment, Backing};
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, writer, member, mut host) = {
+        let (d, host, member, host_api) = testing::controller_losing(tmp.path(), &["west"]);
+        let writer = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
+        (d, writer, member, host_api)
+    };
+    let d = d.with_mirror(Arc::new(crate::k8s::mirror::RelayMirror::new(
+        writer,
+        crate::grpc::status::code_name,
+    )));
+    let id = "m-west-0123456789abcdef0123456789abcdef";
+    let mut vol = with_attachment(sample(id, "pvc-w"), "host-1");
+    vol.backing = Backing::Member {
+        member: "west".into(),
+        namespace: "shop".into(),
+        pvc: "data".into(),
+        selected_node: None,
+    };
+    let stored = vol.clone();
+    d.db(move |s| s.put_volume(&stored)).await.unwrap();
+
+    let (refused, ()) = tokio::join!(
+        publish::publish(
+            &d,
+            csi::ControllerPublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: "host-1".into(),
+                volume_capability: Some(csi::VolumeCapability {
+                    access_mode: Some(csi::volume_capability::AccessMode {
+                        mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                    }),
+                    access_type: Some(csi::volume_capability::AccessType::Block(
+                        csi::volume_capability::BlockVolume {},
+                    )),
+                }),
+                ..Default::default()
+            }
+        ),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "host-1"}}));
+        }
+    );
+    let err = refused.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("--lost-member west"), "{err}");
+
+    let (unpublished, ()) = tokio::join!(
+        publish::unpublish(
+            &d,
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: "host-1".into(),
+                ..Default::default()
+            }
+        ),
+        async {
+            assert_eq!(mirrored(&mut host).await, "CREATED");
+        }
+    );
+    unpublished.unwrap();
+
+    let (deleted, ()) = tokio::join!(
+        provision::delete_volume(
+            &d,
+            csi::DeleteVolumeRequest {
+                volume_id: id.into(),
+                ..Default::default()
+            }
+        ),
+        async {
+            assert_eq!(mirrored(&mut host).await, "DELETING");
+            let status = host.next().await;
+            assert!(status.path.ends_with("/status"), "{}", status.path);
+            assert_eq!(status.body["status"]["phase"], "RELEASED");
+            let why = status.body["status"]["released"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                why.contains("member cluster west") && why.contains("shop/data"),
+                "{why}"
+            );
+            // The API server answers with the whole object.
+            let mut whole = status.body.clone();
+            whole["spec"] = json!({"volumeId": id, "volumeName": "pvc-w",
+                                   "capacityBytes": 100, "record": "{}"});
+            status.ok(whole.clone());
+            let label = host.next().await;
+            assert!(!label.path.ends_with("/status"), "{}", label.path);
+            assert_eq!(
+                label.body["metadata"]["labels"]["relay.csi.dev/released-from"],
+                "west"
+            );
+            whole["metadata"] = label.body["metadata"].clone();
+            label.ok(whole);
+        }
+    );
+    deleted.unwrap();
+    assert!(d.find_volume(id).await.unwrap().is_none());
+    drop(d);
+    member.expect_done().await;
+    host.expect_done().await;
 }

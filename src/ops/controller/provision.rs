@@ -358,6 +358,13 @@ pub async fn delete_volume(
         }
     };
     d.backend.delete_volume(&vol).await?;
+    if let Some(left) = d.backend.left_behind(&vol) {
+        // Its storage stays where it is: the volume's copy says so, where
+        // the operator who declared the member lost looks.
+        d.release_volume(&vol, &left).await?;
+        tracing::warn!(volume_id = %vol.id, name = %vol.name, left_behind = %left, "volume released; its storage was left in its member");
+        return Ok(csi::DeleteVolumeResponse {});
+    }
     // The durable `Deleting` record and the data's absence witness this:
     // start-up housekeeping finishes a lost removal.
     d.remove_outcome(&vol).await?;

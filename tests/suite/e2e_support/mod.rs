@@ -2,6 +2,8 @@
 //! RELAY_E2E_* environment, clients, waiting, the RelayVolume CRD.
 #![allow(dead_code)]
 
+pub mod fault_proxy;
+
 use std::time::{Duration, Instant};
 
 use csi_relay::k8s::relay_volume::RelayVolume;
@@ -10,6 +12,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, CustomResourceExt};
 
+#[derive(Clone)]
 pub struct Env {
     pub host_kubeconfig: String,
     pub member_kubeconfig: String,
@@ -64,6 +67,23 @@ pub async fn install_crd(host: &Client) {
         )
         .await
         .expect("install RelayVolume CRD");
+}
+
+/// The host's CSIDriver object for `relay.csi.dev`, as deploy/ installs it.
+pub async fn install_csidriver(host: &Client) {
+    let csidriver = serde_json::json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
+        "metadata": {"name": "relay.csi.dev"},
+        "spec": {"attachRequired": true, "podInfoOnMount": true}
+    });
+    Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(host.clone())
+        .patch(
+            "relay.csi.dev",
+            &PatchParams::apply("csi-relay-e2e").force(),
+            &Patch::Apply(&csidriver),
+        )
+        .await
+        .expect("CSIDriver");
 }
 
 /// The RelayVolume's PHASE column.

@@ -1,0 +1,422 @@
+//! Every recorded intent has a way out, on real control planes: a
+//! ControllerPublishVolume that is refused, or whose host node loses its
+//! member mapping or goes away altogether, never leaves a volume that
+//! ControllerUnpublishVolume and DeleteVolume cannot clear, and nothing of
+//! it stays in the member. Skipped unless RELAY_E2E_* are set (see
+//! member_e2e.rs); the last test also needs RELAY_E2E_SIDECARS.
+
+use crate::{common, e2e_support};
+
+use std::time::Duration;
+
+use common::req::snw;
+use csi_relay::csi;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::json;
+use tonic::Code;
+
+use e2e_support::{
+    attached_va, client, create_until_ok, env, eventually, mapped_clusters, nothing_left_in_member,
+    publish_request, start_member_relay, until_ok, Sidecar,
+};
+
+const MEMBER_LABEL: &str = "topology.relay.csi.dev/member";
+const MEMBER_NODE_LABEL: &str = "topology.relay.csi.dev/member-node";
+
+/// A host Node with no kubelet behind it, attach/detach by the controller,
+/// Ready, with `labels`; any earlier one of the name is replaced.
+async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value) {
+    let nodes: Api<Node> = Api::all(host.clone());
+    let _ = nodes.delete(name, &DeleteParams::default()).await;
+    eventually(
+        "an earlier node of the name to go",
+        Duration::from_secs(30),
+        || {
+            let nodes = nodes.clone();
+            async move { nodes.get_opt(name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels,
+                     "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
+    }))
+    .expect("node manifest");
+    nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create the host node");
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "message": "no kubelet: a test's node",
+        "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .expect("host node Ready");
+}
+
+async fn relabel(host: &Client, node: &str, labels: serde_json::Value) {
+    Api::<Node>::all(host.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": labels}})),
+        )
+        .await
+        .expect("relabel the host node");
+}
+
+async fn delete_node(host: &Client, node: &str) {
+    let _ = Api::<Node>::all(host.clone())
+        .delete(node, &DeleteParams::default())
+        .await;
+}
+
+/// The relay's member VolumeAttachments of volume `volume_id`.
+async fn member_attachments(member: &Client, volume_id: &str) -> Vec<VolumeAttachment> {
+    let uuid = volume_id.rsplit('-').next().unwrap_or_default();
+    Api::<VolumeAttachment>::all(member.clone())
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/managed-by=csi-relay,relay.csi.dev/volume-uuid={uuid}"
+        )))
+        .await
+        .expect("list member attachments")
+        .items
+}
+
+// The refusals ControllerPublishVolume answers for a host node it cannot
+// place (no member label; another member's) record their intent first:
+// unpublishing that node and deleting the volume must succeed, and leave
+// nothing in the member. (Before: ControllerUnpublishVolume failed with the
+// same FAILED_PRECONDITION for ever, and DeleteVolume with "still in use".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_publish_leaves_the_volume_releasable() {
+    let _alone = common::alone();
+    let Some(env) = env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let (host, member, _) = mapped_clusters(&env).await;
+    let pid = std::process::id();
+    let d = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
+    let c = d.controller();
+
+    let refusals = [
+        (
+            "unlabelled",
+            json!({}),
+            "is not mapped to member cluster e2e",
+        ),
+        (
+            "elsewhere",
+            json!({MEMBER_LABEL: "elsewhere"}),
+            "runs its pods in member cluster elsewhere",
+        ),
+    ];
+    for (case, labels, why) in refusals {
+        let node = format!("refused-{case}-{pid}");
+        fake_host_node(&host, &node, labels).await;
+        let prefix = format!("refused-{case}-{pid}");
+        let vol = create_until_ok(&c, &env, &prefix, 16 << 20).await;
+        let err = c
+            .clone()
+            .controller_publish_volume(publish_request(&vol, &node, snw()))
+            .await
+            .expect_err("publish to a node the relay cannot place");
+        assert_eq!(err.code(), Code::FailedPrecondition, "{case}: {err:?}");
+        assert!(err.message().contains(why), "{case}: {err:?}");
+
+        // The way out, with the cause still there.
+        c.clone()
+            .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: node.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{case}: unpublish after a refused publish: {e:?}"));
+        until_ok("DeleteVolume", || {
+            let mut c = c.clone();
+            let req = csi::DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                ..Default::default()
+            };
+            async move { c.delete_volume(req).await }
+        })
+        .await;
+        nothing_left_in_member(&member, &env.namespace, &prefix).await;
+        delete_node(&host, &node).await;
+    }
+}
+
+/// How a host node stops naming the member node a volume was attached to.
+#[derive(Debug, Clone, Copy)]
+enum NodeGoes {
+    /// Its member labels are removed (or it was never labelled by the
+    /// registrar that restarts).
+    Unlabelled,
+    /// The Node object is deleted (the machine is gone).
+    Deleted,
+}
+
+// A volume attached in the member for a host node, the controller
+// restarted with its state dir lost (its records rebuilt from
+// RelayVolumes, which never carry what was attached), then the node
+// unlabelled or deleted: unpublishing it removes the member attachment it
+// made (found by the host node it names), not nothing (before: a deleted
+// node's attachment was left in the member) and not a refusal (before: an
+// unlabelled node's unpublish failed for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attachment_is_released_after_its_node_loses_its_mapping_or_goes() {
+    let _alone = common::alone();
+    let Some(env) = env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let (host, member, _) = mapped_clusters(&env).await;
+    let pid = std::process::id();
+    let mut d = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
+
+    for goes in [NodeGoes::Unlabelled, NodeGoes::Deleted] {
+        let case = format!("{goes:?}").to_lowercase();
+        let node = format!("going-{case}-{pid}");
+        fake_host_node(
+            &host,
+            &node,
+            json!({MEMBER_LABEL: "e2e", MEMBER_NODE_LABEL: "member-node-1"}),
+        )
+        .await;
+        let prefix = format!("going-{case}-{pid}");
+        let c = d.controller();
+        let vol = create_until_ok(&c, &env, &prefix, 16 << 20).await;
+        until_ok("ControllerPublishVolume", || {
+            let mut c = c.clone();
+            let req = publish_request(&vol, &node, snw());
+            async move { c.controller_publish_volume(req).await }
+        })
+        .await;
+        let made = member_attachments(&member, &vol.volume_id).await;
+        assert_eq!(made.len(), 1, "{case}: one member attachment");
+        assert_eq!(
+            made[0]
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("relay.csi.dev/host-node")),
+            Some(&node),
+            "{case}: the member attachment names its host node"
+        );
+
+        // A controller rescheduled with an emptyDir: records from RelayVolumes.
+        d.crash();
+        std::fs::remove_dir_all(&d.state_dir).expect("wipe the state dir");
+        d.start_again().await;
+        match goes {
+            NodeGoes::Unlabelled => {
+                relabel(
+                    &host,
+                    &node,
+                    json!({MEMBER_LABEL: null, MEMBER_NODE_LABEL: null}),
+                )
+                .await
+            }
+            NodeGoes::Deleted => delete_node(&host, &node).await,
+        }
+
+        let c = d.controller();
+        until_ok("ControllerUnpublishVolume", || {
+            let mut c = c.clone();
+            let req = csi::ControllerUnpublishVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                node_id: node.clone(),
+                ..Default::default()
+            };
+            async move { c.controller_unpublish_volume(req).await }
+        })
+        .await;
+        assert!(
+            member_attachments(&member, &vol.volume_id).await.is_empty(),
+            "{case}: the member attachment is gone once ControllerUnpublishVolume succeeded"
+        );
+        until_ok("DeleteVolume", || {
+            let mut c = c.clone();
+            let req = csi::DeleteVolumeRequest {
+                volume_id: vol.volume_id.clone(),
+                ..Default::default()
+            };
+            async move { c.delete_volume(req).await }
+        })
+        .await;
+        nothing_left_in_member(&member, &env.namespace, &prefix).await;
+        delete_node(&host, &node).await;
+    }
+}
+
+// A host node that goes away with a volume published there, as Kubernetes
+// lives it: the host's attach/detach controller attached it for a pod
+// (external-attacher → ControllerPublishVolume → a member attachment),
+// then the Node is deleted with its kubelet gone and the pod removed. The
+// host detaches (ControllerUnpublishVolume), the claim is deleted
+// (DeleteVolume), and nothing is left in either cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_node_that_goes_away_leaves_nothing() {
+    let _alone = common::alone();
+    let (Some(env), Ok(sidecars)) = (env(), std::env::var("RELAY_E2E_SIDECARS")) else {
+        common::skip("no clusters or no sidecars: set RELAY_E2E_* and RELAY_E2E_SIDECARS");
+        return;
+    };
+    let sidecars = std::path::PathBuf::from(sidecars);
+    let host = client(&env.host_kubeconfig).await;
+    let member = client(&env.member_kubeconfig).await;
+    e2e_support::install_crd(&host).await;
+    e2e_support::install_csidriver(&host).await;
+    let pid = std::process::id();
+    let node = format!("gone-{pid}");
+    fake_host_node(
+        &host,
+        &node,
+        json!({MEMBER_LABEL: "e2e", MEMBER_NODE_LABEL: "member-node-1"}),
+    )
+    .await;
+
+    let d = start_member_relay(
+        &env,
+        "controller",
+        &["--mode", "controller", "--housekeeping-interval", "5"],
+    )
+    .await;
+    let args = |extra: &[&str]| e2e_support::sidecar_args(&d.socket, &env.host_kubeconfig, extra);
+    let _provisioner = Sidecar::start(
+        &sidecars.join("csi-provisioner"),
+        &args(&["--extra-create-metadata", "--feature-gates=Topology=true"]),
+        &d.path("csi-provisioner.log"),
+    );
+    let _attacher = Sidecar::start(
+        &sidecars.join("csi-attacher"),
+        &args(&[]),
+        &d.path("csi-attacher.log"),
+    );
+
+    let ns = format!("gone-{pid}");
+    Api::<Namespace>::all(host.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
+        )
+        .await
+        .expect("host namespace");
+    let class = format!("relay-gone-{pid}");
+    let sc: StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": class},
+        "provisioner": "relay.csi.dev",
+        "volumeBindingMode": "Immediate",
+        "reclaimPolicy": "Delete",
+        "parameters": {"member": "e2e", "memberStorageClass": env.storage_class,
+                       "memberNamespace": env.namespace}
+    }))
+    .expect("class");
+    let classes: Api<StorageClass> = Api::all(host.clone());
+    classes
+        .create(&PostParams::default(), &sc)
+        .await
+        .expect("host StorageClass");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(host.clone(), &ns);
+    claims
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": class,
+                         "resources": {"requests": {"storage": "16Mi"}}}
+            }))
+            .expect("claim"),
+        )
+        .await
+        .expect("host PVC");
+    let host_pv = eventually("the host PVC to bind", Duration::from_secs(90), || {
+        let claims = claims.clone();
+        async move {
+            let pvc = claims.get("data").await.ok()?;
+            (pvc.status.as_ref()?.phase.as_deref() == Some("Bound"))
+                .then(|| pvc.spec?.volume_name)
+                .flatten()
+        }
+    })
+    .await;
+    let volume_id = Api::<PersistentVolume>::all(host.clone())
+        .get(&host_pv)
+        .await
+        .expect("host PV")
+        .spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .expect("a CSI PV");
+
+    let pods: Api<Pod> = Api::namespaced(host.clone(), &ns);
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "app"},
+            "spec": {"nodeName": node,
+                     "containers": [{"name": "c", "image": "busybox"}],
+                     "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}
+        }))
+        .expect("pod"),
+    )
+    .await
+    .expect("host pod");
+    let host_vas: Api<VolumeAttachment> = Api::all(host.clone());
+    attached_va("the host attachment", &host_vas, &host_pv).await;
+    assert_eq!(
+        member_attachments(&member, &volume_id).await.len(),
+        1,
+        "the volume is attached in the member for the host node"
+    );
+
+    // The machine goes: its Node, then its pod (force, as nothing will
+    // ever confirm it stopped).
+    delete_node(&host, &node).await;
+    pods.delete("app", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete the pod");
+    eventually(
+        "the host to detach the volume from the gone node",
+        Duration::from_secs(120),
+        || {
+            let host_vas = host_vas.clone();
+            let host_pv = host_pv.clone();
+            async move {
+                let left = host_vas.list(&ListParams::default()).await.ok()?.items;
+                (!left.iter().any(|va| {
+                    va.spec.source.persistent_volume_name.as_deref() == Some(host_pv.as_str())
+                }))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    assert!(
+        member_attachments(&member, &volume_id).await.is_empty(),
+        "the member attachment went with the host's"
+    );
+
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .expect("delete the claim");
+    let pvs: Api<PersistentVolume> = Api::all(host.clone());
+    eventually("the host PV to go", Duration::from_secs(90), || {
+        let (pvs, host_pv) = (pvs.clone(), host_pv.clone());
+        async move { pvs.get_opt(&host_pv).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    nothing_left_in_member(&member, &env.namespace, &host_pv).await;
+    let _ = classes.delete(&class, &DeleteParams::default()).await;
+    let _ = Api::<Namespace>::all(host.clone())
+        .delete(&ns, &DeleteParams::default())
+        .await;
+}
