@@ -22,28 +22,12 @@ use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 
-use e2e_support::{attached_va, client, eventually, ScriptedEnv, Sidecar};
+use e2e_support::{attached_va, client, eventually, ScriptedEnv};
 
 const MEMBER: &str = "lost";
 const PORT: &str = "20443";
 const CLAIMS: usize = 10;
 const IN_USE: usize = 2;
-
-fn sidecars(relay: &common::Driver, host_kubeconfig: &str, bin: &std::path::Path) -> [Sidecar; 2] {
-    let args = |extra: &[&str]| e2e_support::sidecar_args(&relay.socket, host_kubeconfig, extra);
-    [
-        Sidecar::start(
-            &bin.join("csi-provisioner"),
-            &args(&["--extra-create-metadata"]),
-            &relay.path("csi-provisioner.log"),
-        ),
-        Sidecar::start(
-            &bin.join("csi-attacher"),
-            &args(&[]),
-            &relay.path("csi-attacher.log"),
-        ),
-    ]
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_lost_for_good_is_released_by_the_runbook_alone() {
@@ -71,17 +55,13 @@ async fn a_member_lost_for_good_is_released_by_the_runbook_alone() {
     e2e_support::install_csidriver(&host).await;
     let pid = std::process::id();
     let node = format!("on-lost-{pid}");
+    e2e_support::fake_host_node(
+        &host,
+        &node,
+        json!({"topology.relay.csi.dev/member": MEMBER}),
+    )
+    .await;
     let nodes: Api<Node> = Api::all(host.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": node,
-                "labels": {"topology.relay.csi.dev/member": MEMBER},
-                "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}}}))
-            .expect("node"),
-        )
-        .await
-        .expect("a host node running its pods in the member");
 
     let member_arg = format!("{MEMBER}={lost_kubeconfig}");
     let mut relay = e2e_support::start_member_relay(
@@ -90,7 +70,7 @@ async fn a_member_lost_for_good_is_released_by_the_runbook_alone() {
         &["--mode", "controller", "--member", &member_arg],
     )
     .await;
-    let running = sidecars(&relay, &env.host_kubeconfig, &bin);
+    let running = e2e_support::host_sidecars(&relay, &env.host_kubeconfig, &bin);
 
     let ns = format!("lost-{pid}");
     Api::<Namespace>::all(host.clone())
@@ -232,7 +212,7 @@ async fn a_member_lost_for_good_is_released_by_the_runbook_alone() {
         ["--lost-member".to_string(), MEMBER.to_string()],
     );
     relay.start_again().await;
-    let _running = sidecars(&relay, &env.host_kubeconfig, &bin);
+    let _running = e2e_support::host_sidecars(&relay, &env.host_kubeconfig, &bin);
     for i in 0..IN_USE {
         pods.delete(
             &format!("app-{i}"),

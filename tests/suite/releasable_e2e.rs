@@ -19,45 +19,12 @@ use serde_json::json;
 use tonic::Code;
 
 use e2e_support::{
-    attached_va, client, create_until_ok, env, eventually, mapped_clusters, nothing_left_in_member,
-    publish_request, start_member_relay, until_ok, Sidecar,
+    attached_va, client, create_until_ok, env, eventually, fake_host_node, mapped_clusters,
+    nothing_left_in_member, publish_request, start_member_relay, until_ok,
 };
 
 const MEMBER_LABEL: &str = "topology.relay.csi.dev/member";
 const MEMBER_NODE_LABEL: &str = "topology.relay.csi.dev/member-node";
-
-/// A host Node with no kubelet behind it, attach/detach by the controller,
-/// Ready, with `labels`; any earlier one of the name is replaced.
-async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value) {
-    let nodes: Api<Node> = Api::all(host.clone());
-    let _ = nodes.delete(name, &DeleteParams::default()).await;
-    eventually(
-        "an earlier node of the name to go",
-        Duration::from_secs(30),
-        || {
-            let nodes = nodes.clone();
-            async move { nodes.get_opt(name).await.ok()?.is_none().then_some(()) }
-        },
-    )
-    .await;
-    let node: Node = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels,
-                     "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
-    }))
-    .expect("node manifest");
-    nodes
-        .create(&PostParams::default(), &node)
-        .await
-        .expect("create the host node");
-    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-        "reason": "KubeletReady", "message": "no kubelet: a test's node",
-        "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now().to_string(),
-        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}});
-    nodes
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
-        .await
-        .expect("host node Ready");
-}
 
 async fn relabel(host: &Client, node: &str, labels: serde_json::Value) {
     Api::<Node>::all(host.clone())
@@ -283,23 +250,8 @@ async fn a_host_node_that_goes_away_leaves_nothing() {
     )
     .await;
 
-    let d = start_member_relay(
-        &env,
-        "controller",
-        &["--mode", "controller", "--housekeeping-interval", "5"],
-    )
-    .await;
-    let args = |extra: &[&str]| e2e_support::sidecar_args(&d.socket, &env.host_kubeconfig, extra);
-    let _provisioner = Sidecar::start(
-        &sidecars.join("csi-provisioner"),
-        &args(&["--extra-create-metadata", "--feature-gates=Topology=true"]),
-        &d.path("csi-provisioner.log"),
-    );
-    let _attacher = Sidecar::start(
-        &sidecars.join("csi-attacher"),
-        &args(&[]),
-        &d.path("csi-attacher.log"),
-    );
+    let mut d = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
+    let running = e2e_support::host_sidecars(&d, &env.host_kubeconfig, &sidecars);
 
     let ns = format!("gone-{pid}");
     Api::<Namespace>::all(host.clone())
@@ -377,18 +329,50 @@ async fn a_host_node_that_goes_away_leaves_nothing() {
         "the volume is attached in the member for the host node"
     );
 
-    // The machine goes: its Node, then its pod (force, as nothing will
-    // ever confirm it stopped).
-    delete_node(&host, &node).await;
+    // The machine goes while the controller is being rescheduled (its
+    // state dir lost: the records come back from RelayVolumes, which never
+    // say what was attached). Kubernetes' way for a node that will not come
+    // back: the out-of-service taint, the pod force-deleted, and the host
+    // detaches at once (without the taint it waits 6 minutes for an unmount
+    // no kubelet will confirm); the Node object is deleted before the
+    // controller is back to answer the detach.
+    drop(running);
+    d.crash();
+    std::fs::remove_dir_all(&d.state_dir).expect("wipe the state dir");
+    let taint = json!({"spec": {"taints": [{"key": "node.kubernetes.io/out-of-service",
+        "value": "nodeshutdown", "effect": "NoExecute"}]}});
+    Api::<Node>::all(host.clone())
+        .patch(&node, &PatchParams::default(), &Patch::Merge(&taint))
+        .await
+        .expect("taint the node out of service");
     pods.delete("app", &DeleteParams::default().grace_period(0))
         .await
         .expect("delete the pod");
     eventually(
+        "the host to start detaching the volume",
+        Duration::from_secs(60),
+        || {
+            let (host_vas, host_pv) = (host_vas.clone(), host_pv.clone());
+            async move {
+                let vas = host_vas.list(&ListParams::default()).await.ok()?.items;
+                vas.iter()
+                    .any(|va| {
+                        va.spec.source.persistent_volume_name.as_deref() == Some(host_pv.as_str())
+                            && va.metadata.deletion_timestamp.is_some()
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    delete_node(&host, &node).await;
+    d.start_again().await;
+    let _running = e2e_support::host_sidecars(&d, &env.host_kubeconfig, &sidecars);
+    eventually(
         "the host to detach the volume from the gone node",
         Duration::from_secs(120),
         || {
-            let host_vas = host_vas.clone();
-            let host_pv = host_pv.clone();
+            let (host_vas, host_pv) = (host_vas.clone(), host_pv.clone());
             async move {
                 let left = host_vas.list(&ListParams::default()).await.ok()?.items;
                 (!left.iter().any(|va| {

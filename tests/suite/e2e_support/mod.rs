@@ -86,6 +86,57 @@ pub async fn install_csidriver(host: &Client) {
         .expect("CSIDriver");
 }
 
+/// A host Node with no kubelet behind it: attach/detach by the controller,
+/// Ready, with `labels`, and the CSINode entry of `relay.csi.dev` that
+/// node-driver-registrar would make (node id = the node's name; owned by
+/// the Node, so it goes with it). Any earlier node of the name is replaced.
+pub async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value) {
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::storage::v1::CSINode;
+    use kube::api::{DeleteParams, PostParams};
+    let nodes: Api<Node> = Api::all(host.clone());
+    let _ = nodes.delete(name, &DeleteParams::default()).await;
+    eventually(
+        "an earlier node of the name to go",
+        Duration::from_secs(30),
+        || {
+            let nodes = nodes.clone();
+            async move { nodes.get_opt(name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+    let node: Node = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels,
+                     "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
+    }))
+    .expect("node manifest");
+    let node = nodes
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("create the host node");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let ready = serde_json::json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "message": "no kubelet: a test's node",
+        "lastHeartbeatTime": now, "lastTransitionTime": now}]}});
+    nodes
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .expect("host node Ready");
+    let csinodes: Api<CSINode> = Api::all(host.clone());
+    let _ = csinodes.delete(name, &DeleteParams::default()).await;
+    let csinode: CSINode = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
+            "name": name, "uid": node.metadata.uid}]},
+        "spec": {"drivers": [{"name": "relay.csi.dev", "nodeID": name}]}
+    }))
+    .expect("CSINode manifest");
+    eventually("the node's CSINode", Duration::from_secs(30), || {
+        let (csinodes, csinode) = (csinodes.clone(), csinode.clone());
+        async move { csinodes.create(&PostParams::default(), &csinode).await.ok() }
+    })
+    .await;
+}
+
 /// The RelayVolume's PHASE column.
 pub fn phase(rv: &RelayVolume) -> Option<String> {
     rv.status.as_ref().and_then(|s| s.phase.clone())
@@ -367,6 +418,29 @@ impl Drop for Sidecar {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The host's external-provisioner (with --extra-create-metadata) and
+/// external-attacher from `bin`, against `relay`; stopped when dropped.
+/// They exit when the relay does: start them again after a restart.
+pub fn host_sidecars(
+    relay: &crate::common::Driver,
+    host_kubeconfig: &str,
+    bin: &std::path::Path,
+) -> [Sidecar; 2] {
+    let args = |extra: &[&str]| sidecar_args(&relay.socket, host_kubeconfig, extra);
+    [
+        Sidecar::start(
+            &bin.join("csi-provisioner"),
+            &args(&["--extra-create-metadata"]),
+            &relay.path("csi-provisioner.log"),
+        ),
+        Sidecar::start(
+            &bin.join("csi-attacher"),
+            &args(&[]),
+            &relay.path("csi-attacher.log"),
+        ),
+    ]
 }
 
 /// A stock sidecar's flags against the relay at `socket`, on the host
