@@ -4,117 +4,23 @@
 //! the next controller (which rebuilds from RelayVolumes), every other call
 //! must have failed so that the CO retries it; and once the flows are
 //! unwound no member PVC and no relay-made member VolumeAttachment is left.
-//! The controller reaches the host API through a TCP relay this test owns on
-//! 127.0.0.1, which it cuts and restores. Skipped unless RELAY_E2E_* are set
+//! The controller reaches the host API through a fault proxy on 127.0.0.1
+//! (`e2e_support::fault_proxy`), which black-holes it (hung calls, not
+//! refusals) and heals it. Skipped unless RELAY_E2E_* are set
 //! (see member_e2e.rs).
 
 use crate::{common, e2e_support};
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use common::req::snw;
 use csi_relay::csi;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, ListParams};
-use tokio::net::{TcpListener, TcpStream};
 use tonic::Code;
 
+use e2e_support::fault_proxy::{server_of, FaultProxy};
 use e2e_support::{
     map_host_node, member_create, publish_request, relay_made, start_member_relay, until_ok,
 };
-
-/// A TCP relay to the host API server that can be cut: while cut, it
-/// drops every connection it holds and every new one at once.
-struct Cuttable {
-    addr: std::net::SocketAddr,
-    cut: Arc<AtomicBool>,
-    generation: tokio::sync::watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Cuttable {
-    async fn to(upstream: String) -> Cuttable {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
-        let addr = listener.local_addr().expect("relay address");
-        let cut = Arc::new(AtomicBool::new(false));
-        let (generation, _) = tokio::sync::watch::channel(0u64);
-        let (c, g) = (cut.clone(), generation.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else {
-                    continue;
-                };
-                if c.load(Ordering::SeqCst) {
-                    drop(client);
-                    continue;
-                }
-                let upstream = upstream.clone();
-                let mut cuts = g.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(&upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = cuts.changed() => {}
-                    }
-                });
-            }
-        });
-        Cuttable {
-            addr,
-            cut,
-            generation,
-            task,
-        }
-    }
-
-    fn set_cut(&self, cut: bool) {
-        self.cut.store(cut, Ordering::SeqCst);
-        if cut {
-            self.generation.send_modify(|g| *g += 1);
-        }
-    }
-}
-
-impl Drop for Cuttable {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The host kubeconfig with its server replaced by the relay's address;
-/// returns the new file's path and the original server's host:port.
-fn through(
-    kubeconfig: &str,
-    relay: std::net::SocketAddr,
-    dir: &std::path::Path,
-) -> (String, String) {
-    let text = std::fs::read_to_string(kubeconfig).expect("read the host kubeconfig");
-    let mut upstream = None;
-    let rewritten: Vec<String> = text
-        .lines()
-        .map(|line| match line.trim_start().strip_prefix("server:") {
-            Some(url) => {
-                let url = url.trim().trim_matches('"');
-                let hostport = url.trim_start_matches("https://").trim_end_matches('/');
-                upstream = Some(hostport.to_string());
-                let indent = &line[..line.len() - line.trim_start().len()];
-                format!("{indent}server: https://{relay}")
-            }
-            None => line.to_string(),
-        })
-        .collect();
-    let upstream = upstream.expect("a server in the host kubeconfig");
-    assert!(
-        upstream.starts_with("127.0.0.1:") || upstream.starts_with("localhost:"),
-        "the host API server must be on loopback for this test: {upstream}"
-    );
-    let path = dir.join("host-through-relay.kubeconfig");
-    std::fs::write(&path, rewritten.join("\n")).expect("write kubeconfig");
-    (path.display().to_string(), upstream)
-}
 
 const ROUNDS: usize = 4;
 
@@ -128,11 +34,9 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
     let (host, member, host_node) = e2e_support::mapped_clusters(&env).await;
 
     let files = tempfile::tempdir().expect("temp dir");
-    let placeholder: std::net::SocketAddr = "127.0.0.1:1".parse().expect("address");
-    let (_, upstream) = through(&env.host_kubeconfig, placeholder, files.path());
-    let relay = Cuttable::to(upstream).await;
-    let (kubeconfig, _) = through(&env.host_kubeconfig, relay.addr, files.path());
-    env.host_kubeconfig = kubeconfig;
+    let relay = FaultProxy::to(&server_of(&env.host_kubeconfig)).await;
+    let kubeconfig = relay.kubeconfig(&env.host_kubeconfig, &files.path().join("host"));
+    env.host_kubeconfig = kubeconfig.display().to_string();
 
     let mut d = start_member_relay(&env, "controller", &["--mode", "controller"]).await;
     let run = std::process::id();
@@ -159,7 +63,7 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
             None
         };
         let attachments = relay_vas().await;
-        relay.set_cut(true);
+        relay.cut();
         let mut c = d.controller();
         // What the sidecars send during the outage, and what they are told.
         let created = match &made_before {
@@ -199,7 +103,7 @@ async fn calls_answered_during_a_host_outage_survive_a_controller_that_loses_its
         }
         d.crash();
         std::fs::remove_dir_all(&d.state_dir).expect("wipe the state dir");
-        relay.set_cut(false);
+        relay.heal();
         d.start_again().await;
 
         let c = d.controller();

@@ -39,8 +39,10 @@ use e2e_support::{env, mapped_clusters, member_create, publish_request, volume_n
 const VOLUMES: usize = 24;
 const WORKERS: usize = 8;
 const CUT: Duration = Duration::from_secs(45);
-/// When the cut starts, after the load did.
-const CUT_AFTER: Duration = Duration::from_secs(3);
+/// When the cut starts, after the load did; worker k starts its first
+/// volume k × `STAGGER` in, so that some CreateVolumes meet the cut too.
+const CUT_AFTER: Duration = Duration::from_secs(1);
+const STAGGER: Duration = Duration::from_millis(250);
 /// external-provisioner's and external-attacher's `--timeout` in deploy/.
 const SIDECAR_TIMEOUT: Duration = Duration::from_secs(60);
 /// The CO's pause before it repeats a retryable call.
@@ -202,8 +204,8 @@ struct Figures {
     per_call: BTreeMap<&'static str, (usize, Duration)>,
     /// Answers that arrived while cut, per code.
     while_cut: BTreeMap<String, usize>,
-    /// From the heal (or, with no cut, from when it would have been) to
-    /// the first OK answer, and to the last volume done.
+    /// From the heal to the first OK answer, and to the last volume done
+    /// (none with no cut).
     first_ok_after_heal: Option<Duration>,
     done_after_heal: Option<Duration>,
     most_claims_per_name: usize,
@@ -213,7 +215,7 @@ struct Figures {
 impl Figures {
     fn print(&self) {
         eprintln!(
-            "figures: partition {:?}: {VOLUMES} volumes, {WORKERS} workers, done in {:.1} s; first OK answer {} after the heal, last volume done {} after it; at most {} member claim(s) per name ({} samples)",
+            "figures: partition {:?}: {VOLUMES} volumes, {WORKERS} workers, all done {:.1} s after the start; first OK answer {} after the heal, last volume done {} after it; at most {} member claim(s) per name ({} samples)",
             self.cut,
             self.total.as_secs_f64(),
             secs(self.first_ok_after_heal),
@@ -278,10 +280,11 @@ async fn run(env: &Env, host: &Client, member: &Client, node: &str, cut: Cut) ->
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut workers = Vec::new();
-    for _ in 0..WORKERS {
+    for k in 0..WORKERS {
         let (c, log, next, prefix) = (d.controller(), log.clone(), next.clone(), prefix.clone());
         let (env, node) = (env.clone(), node.to_string());
         workers.push(tokio::spawn(async move {
+            tokio::time::sleep(STAGGER * k as u32).await;
             loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= VOLUMES {
@@ -291,17 +294,23 @@ async fn run(env: &Env, host: &Client, member: &Client, node: &str, cut: Cut) ->
             }
         }));
     }
-    tokio::time::sleep(CUT_AFTER).await;
-    let cut_at = Instant::now();
-    match cut {
-        Cut::None => {}
-        Cut::Member => member_proxy.cut(),
-        Cut::Host => host_proxy.cut(),
-    }
-    tokio::time::sleep(CUT).await;
-    host_proxy.heal();
-    member_proxy.heal();
-    let healed = Instant::now();
+    // The cut and the heal; with no cut, the load alone.
+    let window = match cut {
+        Cut::None => None,
+        Cut::Member | Cut::Host => {
+            tokio::time::sleep(CUT_AFTER).await;
+            let proxy = if cut == Cut::Member {
+                &member_proxy
+            } else {
+                &host_proxy
+            };
+            proxy.cut();
+            let cut_at = Instant::now();
+            tokio::time::sleep(CUT).await;
+            proxy.heal();
+            Some((cut_at, Instant::now()))
+        }
+    };
     for w in workers {
         w.await.expect("a CO worker");
     }
@@ -340,23 +349,28 @@ async fn run(env: &Env, host: &Client, member: &Client, node: &str, cut: Cut) ->
         let entry = per_call.entry(a.call).or_default();
         entry.0 += 1;
         entry.1 = entry.1.max(took);
-        if cut != Cut::None && a.answered > cut_at && a.answered < healed {
+        if window.is_some_and(|(cut_at, healed)| a.answered > cut_at && a.answered < healed) {
             let code = a.code.map(|c| format!("{c:?}")).unwrap_or("Ok".into());
             *while_cut.entry(format!("{} {code}", a.call)).or_default() += 1;
         }
     }
-    let first_ok_after_heal = answers
-        .iter()
-        .filter(|a| a.code.is_none() && a.answered >= healed)
-        .map(|a| a.answered - healed)
-        .min();
-    let done_after_heal = log
+    let first_ok_after_heal = window.and_then(|(_, healed)| {
+        answers
+            .iter()
+            .filter(|a| a.code.is_none() && a.answered >= healed)
+            .map(|a| a.answered - healed)
+            .min()
+    });
+    let last_done = log
         .done
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
         .max()
-        .map(|last| last.saturating_duration_since(healed));
+        .copied();
+    let done_after_heal = window
+        .zip(last_done)
+        .map(|((_, healed), last)| last.saturating_duration_since(healed));
     let figures = Figures {
         cut,
         total,
