@@ -40,6 +40,9 @@ const MAX_FAILURE_TEXT: usize = 1024;
 
 /// `<call>: <CSI code>: <message>`, cut at [`MAX_FAILURE_TEXT`] bytes (on a
 /// character boundary).
+/// How long a call waits to show its failure on the RelayVolume.
+const FAILURE_NOTE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn failure_text(call: &str, code: &str, error: &CsiError) -> String {
     let mut text = format!("{call}: {code}: {error}");
     if text.len() > MAX_FAILURE_TEXT {
@@ -113,12 +116,22 @@ impl RecordMirror for RelayMirror {
             return;
         }
         let text = failure_text(call, &(self.code_name)(error), error);
-        match self.writer.apply_failure(&vol.id, Some(&text)).await {
-            Ok(()) => {
+        // Best effort, and short: the call's own answer must not wait on a
+        // host API that does not answer.
+        let noted = tokio::time::timeout(
+            FAILURE_NOTE_BUDGET,
+            self.writer.apply_failure(&vol.id, Some(&text)),
+        )
+        .await;
+        match noted {
+            Ok(Ok(())) => {
                 lock(&self.failing).insert(vol.id.clone());
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!(volume_id = %vol.id, error = %e, "cannot show the failure on the RelayVolume")
+            }
+            Err(_) => {
+                tracing::warn!(volume_id = %vol.id, "the host did not take the failure for the RelayVolume in time")
             }
         }
     }

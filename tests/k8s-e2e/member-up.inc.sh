@@ -14,7 +14,8 @@
 #     RUN_DIR/member-plugins/<driver>/csi.sock (a symlink to its socket).
 #     host-kl-1 maps to member node member-kl-1 by the labels
 #     topology.relay.csi.dev/member(-node). Class relay-member: member1's
-#     kl-hostpath (Immediate).
+#     kl-hostpath (Immediate). NODE_MEMBER_KUBECONFIG, when set, is how the
+#     node plugin reaches member1 (a test's fault proxy, node-partition.sh).
 #   - Snapshots, when the local part has them (SNAP=1): the snapshot CRDs,
 #     snapshot-controller and hostpath's csi-snapshotter in the member with
 #     class kl-hostpath-snap; the host's csi-snapshotter for the member relay
@@ -66,7 +67,7 @@ RUST_LOG=$RELAY_LOG lab kl_start member-relay-controller "$LAB/logs/member-relay
   --state-dir "$MSTATE/controller" --endpoint "unix://$MCSOCK"
 RUST_LOG=$RELAY_LOG lab kl_start member-relay-node "$LAB/logs/member-relay-node.log" \
   "$RELAY_BIN" serve --mode node --backend member --driver-name $MEMBER_DRIVER --node-id $KL_NODE \
-  --node-member member1 --member member1="$MEMBER_KUBECONFIG" --host-kubeconfig "$HOST_KUBECONFIG" \
+  --node-member member1 --member member1="${NODE_MEMBER_KUBECONFIG:-$MEMBER_KUBECONFIG}" --host-kubeconfig "$HOST_KUBECONFIG" \
   --plugins-dir "$RUN/member-plugins" --state-dir "$MSTATE/node" --endpoint "unix://$MNSOCK"
 waitfor 30 "member relay sockets" sh -c "test -S '$MCSOCK' && test -S '$MNSOCK'"
 lab kl_start member-registrar "$LAB/logs/member-registrar.log" "$B/csi-node-driver-registrar" --csi-address="$MNSOCK" \

@@ -25,22 +25,7 @@ NS=relay-restarts
 # The suite's busybox, as the images imported at env-up name it.
 IMAGE=$(awk '$1 ~ /e2e-test-images\/busybox:1\.36\.1-1$/ {print $1; exit}' "$E2E_HOME/images/images.txt")
 [[ -n $IMAGE ]] || { echo "no e2e-test-images/busybox:1.36.1-1 in $E2E_HOME/images/images.txt" >&2; exit 2; }
-fails=0
-T0=$(date +%s.%N)
-at() { awk -v a="$(date +%s.%N)" -v b="$T0" 'BEGIN{printf "%6.1fs", a-b}'; }
-ok() { echo "[$(at)] ok   $*"; }
-fail() { echo "[$(at)] FAIL $*"; fails=$((fails + 1)); }
-check() { # check WHAT CMD... : ok/FAIL by the command's status
-  local what=$1; shift
-  if "$@" > /dev/null 2>&1; then ok "$what"; else fail "$what"; fi
-}
-waitfor() { # waitfor SECONDS CMD... : 0 once CMD succeeds
-  local t=$1 i; shift
-  for ((i = 0; i < t * 5; i++)); do "$@" > /dev/null 2>&1 && return 0; sleep 0.2; done
-  return 1
-}
-kn() { kh -n "$NS" "$@"; }
-running() { [[ $(kn get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null) == Running ]]; }
+source "$HERE/checks.inc.sh"
 lines() { kn exec "$1" -- sh -c 'wc -l < /data/log' 2>/dev/null | tr -d ' '; }
 grows() { # grows POD : the pod's log gains lines within 10 s
   local a b; a=$(lines "$1"); [[ -n $a ]] || return 1

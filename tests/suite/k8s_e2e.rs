@@ -10,10 +10,14 @@
 //!   on the same kubelet node, over the env's member storage); every spec
 //!   that runs must pass.
 //!   RELAY_K8S_E2E_MODE picks the selection: `quick` (default: one spec of
-//!   each suite), `sharded` or `full` (every spec; about half an hour here);
+//!   each suite), `sharded` or `full` (every spec; about half an hour here),
+//!   or `none` (the suite skipped, for work on what follows);
 //! - `restarts.sh`: csi-relay and then the kubelet killed with SIGKILL under
 //!   running pods and started again; pods keep their volumes, teardown is
-//!   clean.
+//!   clean;
+//! - `node-partition.sh`: the member relay's node plugin reaches the member
+//!   through a fault proxy (`NODE_MEMBER_KUBECONFIG`); pods on the kubelet
+//!   node start, write and stop while the proxy black-holes it, and after.
 //!
 //! Runs when the two-cluster environment is up (RELAY_E2E_*) with the kubelet
 //! client flags of `tests/k8s-e2e/apiserver-extra.sh`, and E2E_HOME holds
@@ -24,6 +28,7 @@ use crate::{common, e2e_support};
 
 use std::path::{Path, PathBuf};
 
+use e2e_support::fault_proxy::{server_of, FaultProxy};
 use e2e_support::ScriptedEnv;
 
 fn script(name: &str) -> PathBuf {
@@ -59,6 +64,16 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
         Err(why) => return common::skip(&why),
     };
     let mode = std::env::var("RELAY_K8S_E2E_MODE").unwrap_or_else(|_| "quick".into());
+    // The member relay's node plugin reaches the member through a fault
+    // proxy, cut by node-partition.sh's "during" phase.
+    let proxies = tokio::runtime::Runtime::new().expect("a runtime for the fault proxy");
+    let member_kubeconfig = e2e_support::env()
+        .map(|e| e.member_kubeconfig)
+        .unwrap_or_default();
+    let node_member = proxies.block_on(FaultProxy::to(&server_of(&member_kubeconfig)));
+    let files = tempfile::tempdir().expect("temp dir");
+    let node_member_kubeconfig =
+        node_member.kubeconfig(&member_kubeconfig, &files.path().join("node-member"));
     let env = ScriptedEnv::new(
         "k8s-e2e",
         "env-down.sh",
@@ -66,11 +81,20 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
         vec![
             ("RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay").to_string()),
             ("MEMBER", "1".to_string()),
+            (
+                "NODE_MEMBER_KUBECONFIG",
+                node_member_kubeconfig.display().to_string(),
+            ),
         ],
     );
     env.run("env-up.sh");
 
-    for driver in ["local", "member"] {
+    let drivers: &[&str] = if mode == "none" {
+        &[]
+    } else {
+        &["local", "member"]
+    };
+    for driver in drivers {
         let suite = env
             .command("run.sh")
             .arg(script(&format!("{driver}.yaml")))
@@ -94,4 +118,23 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
         );
     }
     env.run("restarts.sh");
+
+    // The node plugin under a partition of its member API, on the real
+    // kubelet node.
+    let phase = |name: &str| {
+        let status = env
+            .command("node-partition.sh")
+            .arg(name)
+            .status()
+            .expect("run tests/k8s-e2e/node-partition.sh");
+        assert!(status.success(), "node-partition.sh {name} failed");
+    };
+    phase("before");
+    node_member.cut();
+    let during = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| phase("during")));
+    node_member.heal();
+    if let Err(failed) = during {
+        std::panic::resume_unwind(failed);
+    }
+    phase("after");
 }

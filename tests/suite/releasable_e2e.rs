@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::req::snw;
 use csi_relay::csi;
+use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -96,6 +97,24 @@ async fn a_refused_publish_leaves_the_volume_releasable() {
             .expect_err("publish to a node the relay cannot place");
         assert_eq!(err.code(), Code::FailedPrecondition, "{case}: {err:?}");
         assert!(err.message().contains(why), "{case}: {err:?}");
+        // What the user sees on the volume: the refusal, until it moves on.
+        let rv_name = csi_relay::k8s::relay_volume::object_name(&vol.volume_id);
+        let relay_volumes: Api<RelayVolume> = Api::all(host.clone());
+        let last_error = |relay_volumes: Api<RelayVolume>, rv_name: String| async move {
+            relay_volumes
+                .get(&rv_name)
+                .await
+                .ok()
+                .and_then(|rv| rv.status?.last_error)
+        };
+        let shown = last_error(relay_volumes.clone(), rv_name.clone())
+            .await
+            .unwrap_or_default();
+        assert!(
+            shown.starts_with("ControllerPublishVolume: FailedPrecondition: ")
+                && shown.contains(why),
+            "{case}: LAST-ERROR shows the refusal: {shown:?}"
+        );
 
         // The way out, with the cause still there.
         c.clone()
@@ -106,6 +125,11 @@ async fn a_refused_publish_leaves_the_volume_releasable() {
             })
             .await
             .unwrap_or_else(|e| panic!("{case}: unpublish after a refused publish: {e:?}"));
+        assert_eq!(
+            last_error(relay_volumes.clone(), rv_name.clone()).await,
+            None,
+            "{case}: the refusal shown goes once the volume moved on"
+        );
         until_ok("DeleteVolume", || {
             let mut c = c.clone();
             let req = csi::DeleteVolumeRequest {

@@ -711,6 +711,21 @@ async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_recor
         async {
             host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
                 "apiVersion": "v1", "kind": "Node", "metadata": {"name": "host-1"}}));
+            // The refusal, shown where users look (LAST-ERROR).
+            let noted = host.next().await;
+            assert!(noted.path.ends_with("/status"), "{}", noted.path);
+            let last = noted.body["status"]["lastError"]
+                .as_str()
+                .unwrap_or_default();
+            assert!(
+                last.starts_with("ControllerPublishVolume: FailedPrecondition: ")
+                    && last.contains("--lost-member west"),
+                "{last}"
+            );
+            let mut whole = noted.body.clone();
+            whole["spec"] = json!({"volumeId": id, "volumeName": "pvc-w",
+                                   "capacityBytes": 100, "record": "{}"});
+            noted.ok(whole);
         }
     );
     let err = refused.unwrap_err();
@@ -728,6 +743,14 @@ async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_recor
         ),
         async {
             assert_eq!(mirrored(&mut host).await, "CREATED");
+            // The volume moved on: the refusal shown is cleared.
+            let cleared = host.next().await;
+            assert!(cleared.path.ends_with("/status"), "{}", cleared.path);
+            assert!(cleared.body["status"].get("lastError").is_none());
+            let mut whole = cleared.body.clone();
+            whole["spec"] = json!({"volumeId": id, "volumeName": "pvc-w",
+                                   "capacityBytes": 100, "record": "{}"});
+            cleared.ok(whole);
         }
     );
     unpublished.unwrap();

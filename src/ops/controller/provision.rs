@@ -357,7 +357,10 @@ pub async fn delete_volume(
             *marked
         }
     };
-    d.backend.delete_volume(&vol).await?;
+    if let Err(e) = d.backend.delete_volume(&vol).await {
+        d.note_failure(&vol, "DeleteVolume", &e).await;
+        return Err(e);
+    }
     if let Some(left) = d.backend.left_behind(&vol) {
         // Its storage stays where it is: the volume's copy says so, where
         // the operator who declared the member lost looks.

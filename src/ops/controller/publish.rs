@@ -59,7 +59,14 @@ pub async fn publish(
         // Attach (again): a new attachment, one whose attach failed or was
         // cut short, or a record rebuilt from an untrusted copy. The
         // backend's attach is idempotent.
-        context = d.backend.attach(&attached, &node_id).await?;
+        context = match d.backend.attach(&attached, &node_id).await {
+            Ok(context) => context,
+            Err(e) => {
+                d.note_failure(&attached, "ControllerPublishVolume", &e)
+                    .await;
+                return Err(e);
+            }
+        };
         if !context.is_empty() {
             d.put_volume(&state::attached(&attached, &node_id, context.clone()))
                 .await?;
@@ -96,7 +103,11 @@ pub async fn unpublish(
     let mut current = vol;
     for node_id in nodes {
         if let Step::Next(next) = state::controller_unpublish(&current, &node_id) {
-            d.backend.detach(&current, &node_id).await?;
+            if let Err(e) = d.backend.detach(&current, &node_id).await {
+                d.note_failure(&current, "ControllerUnpublishVolume", &e)
+                    .await;
+                return Err(e);
+            }
             d.put_volume(&next).await?;
             tracing::info!(volume_id = %id, node_id = %node_id, "volume detached from node");
             current = *next;
