@@ -20,8 +20,9 @@ use serde_json::json;
 use tonic::Code;
 
 use e2e_support::{
-    attached_va, client, create_until_ok, env, eventually, fake_host_node, mapped_clusters,
-    nothing_left_in_member, publish_request, start_member_relay, until_ok,
+    attached_va, client, create_until_ok, delete_until_ok, env, eventually, fake_host_node,
+    mapped_clusters, nothing_left_in_member, publish_request, start_member_relay,
+    unpublish_until_ok, until_ok,
 };
 
 const MEMBER_LABEL: &str = "topology.relay.csi.dev/member";
@@ -130,15 +131,7 @@ async fn a_refused_publish_leaves_the_volume_releasable() {
             None,
             "{case}: the refusal shown goes once the volume moved on"
         );
-        until_ok("DeleteVolume", || {
-            let mut c = c.clone();
-            let req = csi::DeleteVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                ..Default::default()
-            };
-            async move { c.delete_volume(req).await }
-        })
-        .await;
+        delete_until_ok(&c, &vol.volume_id).await;
         nothing_left_in_member(&member, &env.namespace, &prefix).await;
         delete_node(&host, &node).await;
     }
@@ -219,29 +212,12 @@ async fn an_attachment_is_released_after_its_node_loses_its_mapping_or_goes() {
         }
 
         let c = d.controller();
-        until_ok("ControllerUnpublishVolume", || {
-            let mut c = c.clone();
-            let req = csi::ControllerUnpublishVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                node_id: node.clone(),
-                ..Default::default()
-            };
-            async move { c.controller_unpublish_volume(req).await }
-        })
-        .await;
+        unpublish_until_ok(&c, &vol.volume_id, &node).await;
         assert!(
             member_attachments(&member, &vol.volume_id).await.is_empty(),
             "{case}: the member attachment is gone once ControllerUnpublishVolume succeeded"
         );
-        until_ok("DeleteVolume", || {
-            let mut c = c.clone();
-            let req = csi::DeleteVolumeRequest {
-                volume_id: vol.volume_id.clone(),
-                ..Default::default()
-            };
-            async move { c.delete_volume(req).await }
-        })
-        .await;
+        delete_until_ok(&c, &vol.volume_id).await;
         nothing_left_in_member(&member, &env.namespace, &prefix).await;
         delete_node(&host, &node).await;
     }

@@ -301,28 +301,45 @@ pub async fn unwind(
     ids: &[String],
     node: &str,
 ) {
-    use csi_relay::csi;
     for id in ids {
-        until_ok("ControllerUnpublishVolume", || {
-            let mut c = controller.clone();
-            let req = csi::ControllerUnpublishVolumeRequest {
-                volume_id: id.clone(),
-                node_id: node.to_string(),
-                ..Default::default()
-            };
-            async move { c.controller_unpublish_volume(req).await }
-        })
-        .await;
-        until_ok("DeleteVolume", || {
-            let mut c = controller.clone();
-            let req = csi::DeleteVolumeRequest {
-                volume_id: id.clone(),
-                ..Default::default()
-            };
-            async move { c.delete_volume(req).await }
-        })
-        .await;
+        unpublish_until_ok(controller, id, node).await;
+        delete_until_ok(controller, id).await;
     }
+}
+
+/// ControllerUnpublishVolume of `id` from `node`, retried as the CO does
+/// until it succeeds.
+pub async fn unpublish_until_ok(
+    controller: &csi_relay::csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    id: &str,
+    node: &str,
+) {
+    until_ok("ControllerUnpublishVolume", || {
+        let mut c = controller.clone();
+        let req = csi_relay::csi::ControllerUnpublishVolumeRequest {
+            volume_id: id.to_string(),
+            node_id: node.to_string(),
+            ..Default::default()
+        };
+        async move { c.controller_unpublish_volume(req).await }
+    })
+    .await;
+}
+
+/// DeleteVolume of `id`, retried as the CO does until it succeeds.
+pub async fn delete_until_ok(
+    controller: &csi_relay::csi::controller_client::ControllerClient<tonic::transport::Channel>,
+    id: &str,
+) {
+    until_ok("DeleteVolume", || {
+        let mut c = controller.clone();
+        let req = csi_relay::csi::DeleteVolumeRequest {
+            volume_id: id.to_string(),
+            ..Default::default()
+        };
+        async move { c.delete_volume(req).await }
+    })
+    .await;
 }
 
 /// The CO's volume name a relay-made member PVC carries.
