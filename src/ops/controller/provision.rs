@@ -365,7 +365,6 @@ pub async fn delete_volume(
         // Its storage stays where it is: the volume's copy says so, where
         // the operator who declared the member lost looks.
         d.release_volume(&vol, &left).await?;
-        tracing::warn!(volume_id = %vol.id, name = %vol.name, left_behind = %left, "volume released; its storage was left in its member");
         return Ok(csi::DeleteVolumeResponse {});
     }
     // The durable `Deleting` record and the data's absence witness this:
