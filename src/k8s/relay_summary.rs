@@ -72,7 +72,12 @@ async fn catch_up(store: &crate::store::Store, relay: &RelayVolumeObserver, obj:
         || current.and_then(|s| s.node_summary.as_deref()) != Some(nodes.as_str());
     if lags {
         tracing::debug!(volume_id = %id, phase, nodes, "RelayVolume summary catches up with its entries");
-        if let Err(e) = relay.apply_status(&vol).await {
+        // Onto the version the event showed: the record read from the store
+        // may have been removed since (a volume released, whose object stays
+        // as its record), and an object that changed meanwhile raises an
+        // event of its own.
+        let version = obj.metadata.resource_version.as_deref();
+        if let Err(e) = relay.apply_status_onto(&vol, version).await {
             tracing::debug!(volume_id = %id, error = %e, "RelayVolume summary not caught up; the next event retries");
         }
     }
@@ -105,6 +110,7 @@ mod tests {
         driver.put_volume(&vol).await.unwrap();
         let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
         let mut obj = RelayVolume::new(&vol.id, spec_of(&vol).unwrap());
+        obj.metadata.resource_version = Some("41".into());
         obj.status = Some(crate::k8s::relay_volume::RelayVolumeStatus {
             phase: Some("PUBLISHED".into()),
             ..Default::default()
@@ -118,6 +124,10 @@ mod tests {
             assert_eq!(call.method, "PATCH");
             assert!(call.path.ends_with("/status"), "status only: {}", call.path);
             assert_eq!(call.body["status"]["phase"], "CREATED");
+            assert_eq!(
+                call.body["metadata"]["resourceVersion"], "41",
+                "onto the version the event showed"
+            );
             call.not_found();
             api.expect_idle().await;
         });

@@ -432,14 +432,29 @@ impl RelayVolumeObserver {
     /// Applies this writer's status of `vol` only. A status apply never
     /// creates the object: `Ok(false)` when it does not exist.
     pub async fn apply_status(&self, vol: &Volume) -> CsiResult<bool> {
+        self.apply_status_onto(vol, None).await
+    }
+
+    /// `apply_status`, onto the object at `resource_version` only (the
+    /// API server answers 409 when it changed since): for a writer whose
+    /// view of `vol` may be older than the object, such as one kept as the
+    /// record of a released volume.
+    pub async fn apply_status_onto(
+        &self,
+        vol: &Volume,
+        resource_version: Option<&str>,
+    ) -> CsiResult<bool> {
         let name = object_name(&vol.id);
         let params = PatchParams::apply(&self.role.field_manager()).force();
         let seen = self.seen(&name);
-        let body = apply_body(
+        let mut body = apply_body(
             &name,
             "status",
             encode(&status_of(vol, &self.role, seen.as_ref()))?,
         );
+        if let Some(version) = resource_version {
+            body["metadata"]["resourceVersion"] = version.into();
+        }
         let api = self.api();
         let patch = Patch::Apply(&body);
         let applied = self
