@@ -73,30 +73,16 @@ async fn a_member_lost_for_good_is_released_by_the_runbook_alone() {
     let running = e2e_support::host_sidecars(&relay, &env.host_kubeconfig, &bin);
 
     let ns = format!("lost-{pid}");
-    Api::<Namespace>::all(host.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
-        )
-        .await
-        .expect("host namespace");
     let class = format!("relay-lost-{pid}");
+    e2e_support::host_namespace_and_class(
+        &host,
+        &ns,
+        &class,
+        json!({"member": MEMBER, "memberStorageClass": format!("{MEMBER}-hostpath"),
+               "memberNamespace": "default"}),
+    )
+    .await;
     let classes: Api<StorageClass> = Api::all(host.clone());
-    classes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": class},
-                "provisioner": "relay.csi.dev",
-                "volumeBindingMode": "Immediate",
-                "reclaimPolicy": "Delete",
-                "parameters": {"member": MEMBER, "memberStorageClass": format!("{MEMBER}-hostpath"),
-                               "memberNamespace": "default"}
-            }))
-            .expect("class"),
-        )
-        .await
-        .expect("host StorageClass");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(host.clone(), &ns);
     for i in 0..CLAIMS {
         claims

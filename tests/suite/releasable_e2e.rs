@@ -254,28 +254,16 @@ async fn a_host_node_that_goes_away_leaves_nothing() {
     let running = e2e_support::host_sidecars(&d, &env.host_kubeconfig, &sidecars);
 
     let ns = format!("gone-{pid}");
-    Api::<Namespace>::all(host.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
-        )
-        .await
-        .expect("host namespace");
     let class = format!("relay-gone-{pid}");
-    let sc: StorageClass = serde_json::from_value(json!({
-        "metadata": {"name": class},
-        "provisioner": "relay.csi.dev",
-        "volumeBindingMode": "Immediate",
-        "reclaimPolicy": "Delete",
-        "parameters": {"member": "e2e", "memberStorageClass": env.storage_class,
-                       "memberNamespace": env.namespace}
-    }))
-    .expect("class");
+    e2e_support::host_namespace_and_class(
+        &host,
+        &ns,
+        &class,
+        json!({"member": "e2e", "memberStorageClass": env.storage_class,
+               "memberNamespace": env.namespace}),
+    )
+    .await;
     let classes: Api<StorageClass> = Api::all(host.clone());
-    classes
-        .create(&PostParams::default(), &sc)
-        .await
-        .expect("host StorageClass");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(host.clone(), &ns);
     claims
         .create(

@@ -796,3 +796,60 @@ async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_recor
     member.expect_done().await;
     host.expect_done().await;
 }
+
+// A host that takes the call's failure note and never answers: the call
+// still answers its own refusal, after the note's 2 s bound, not the host
+// client's 10 s one.
+#[tokio::test(start_paused = true)]
+async fn a_failure_note_the_host_does_not_answer_delays_the_answer_by_2_s_at_most() {
+    use crate::domain::volume::{sample, with_attachment, Backing};
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, host_cluster, _member, mut host) = testing::controller_losing(tmp.path(), &["west"]);
+    let writer = RelayVolumeObserver::new(host_cluster, Role::for_mode(Mode::Controller, "ctrl"));
+    let d = d.with_mirror(Arc::new(crate::k8s::mirror::RelayMirror::new(
+        writer,
+        crate::grpc::status::code_name,
+    )));
+    let id = "m-west-0123456789abcdef0123456789abcdef";
+    let mut vol = with_attachment(sample(id, "pvc-w"), "host-1");
+    vol.backing = Backing::Member {
+        member: "west".into(),
+        namespace: "shop".into(),
+        pvc: "data".into(),
+        selected_node: None,
+    };
+    d.db(move |s| s.put_volume(&vol)).await.unwrap();
+    let started = tokio::time::Instant::now();
+    let (refused, _held) = tokio::join!(
+        publish::publish(
+            &d,
+            csi::ControllerPublishVolumeRequest {
+                volume_id: id.into(),
+                node_id: "host-1".into(),
+                // As attached (with_attachment: block, single-node writer).
+                volume_capability: Some(csi::VolumeCapability {
+                    access_mode: Some(csi::volume_capability::AccessMode {
+                        mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+                    }),
+                    access_type: Some(csi::volume_capability::AccessType::Block(
+                        csi::volume_capability::BlockVolume {},
+                    )),
+                }),
+                ..Default::default()
+            }
+        ),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "host-1"}}));
+            let noted = host.next().await;
+            assert!(noted.path.ends_with("/status"), "{}", noted.path);
+            noted.hang()
+        }
+    );
+    assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
+    let took = started.elapsed();
+    assert!(
+        took >= std::time::Duration::from_secs(2) && took < std::time::Duration::from_secs(3),
+        "{took:?}"
+    );
+}

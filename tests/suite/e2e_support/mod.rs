@@ -137,6 +137,37 @@ pub async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value
     .await;
 }
 
+/// A host namespace `ns` and an Immediate, Delete StorageClass `class` of
+/// `relay.csi.dev` with `parameters`, as a test's claims use them.
+pub async fn host_namespace_and_class(
+    host: &Client,
+    ns: &str,
+    class: &str,
+    parameters: serde_json::Value,
+) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::api::storage::v1::StorageClass;
+    use kube::api::PostParams;
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).expect("namespace");
+    Api::<Namespace>::all(host.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("host namespace");
+    let sc: StorageClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": class},
+        "provisioner": "relay.csi.dev",
+        "volumeBindingMode": "Immediate",
+        "reclaimPolicy": "Delete",
+        "parameters": parameters
+    }))
+    .expect("class");
+    Api::<StorageClass>::all(host.clone())
+        .create(&PostParams::default(), &sc)
+        .await
+        .expect("host StorageClass");
+}
+
 /// The RelayVolume's PHASE column.
 pub fn phase(rv: &RelayVolume) -> Option<String> {
     rv.status.as_ref().and_then(|s| s.phase.clone())
