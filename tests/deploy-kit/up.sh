@@ -92,16 +92,9 @@ for i in "${want[@]}"; do grep -qxF "$i" <<< "$have" || die "image $i missing af
 ts "images imported: ${#want[@]}"
 
 # ---------- member cluster: what deploy/member/ says, plus storage ----------
-km apply -k "$REPO/deploy/member" > "$RUN/logs/member-apply.log"
+"$E2E_ENV/member-identity.sh" "$MKC" "$RUN/kustomize/member1.kubeconfig" "$MEMBER_NAME" > "$RUN/logs/member-apply.log" 2>&1 \
+  || { cat "$RUN/logs/member-apply.log"; die "member-identity.sh"; }
 km apply -f - > /dev/null <<EOF
-apiVersion: v1
-kind: Secret
-metadata:
-  name: csi-relay-member-token
-  namespace: csi-relay
-  annotations: { kubernetes.io/service-account.name: csi-relay-member }
-type: kubernetes.io/service-account-token
----
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: { name: standard }
@@ -134,28 +127,9 @@ spec:
             - { key: kubernetes.io/hostname, operator: In, values: [$MEMBER_NODE] }
 EOF
 done
-waitfor 60 "member token" sh -c "[ -n \"\$(kubectl --kubeconfig '$MKC' -n csi-relay get secret csi-relay-member-token -o jsonpath='{.data.token}')\" ]"
-TOKEN=$(km -n csi-relay get secret csi-relay-member-token -o jsonpath='{.data.token}' | base64 -d)
-CA=$(km -n csi-relay get secret csi-relay-member-token -o jsonpath='{.data.ca\.crt}')
-umask 077
-cat > "$RUN/kustomize/member1.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: $MEMBER_NAME
-  cluster: { server: "https://127.0.0.1:$MEMBER_PORT", certificate-authority-data: "$CA" }
-users:
-- name: csi-relay-member
-  user: { token: "$TOKEN" }
-contexts:
-- name: $MEMBER_NAME
-  context: { cluster: $MEMBER_NAME, user: csi-relay-member }
-current-context: $MEMBER_NAME
-EOF
-umask 022
 kubectl --kubeconfig "$RUN/kustomize/member1.kubeconfig" auth can-i create persistentvolumeclaims -n default > /dev/null \
   || die "member1 kubeconfig cannot create PVCs"
-ts "member ready: deploy/member applied, token kubeconfig, class standard, 4 hostPath PVs"
+ts "member ready: deploy/member + admission policy applied, token kubeconfig, class standard, 4 hostPath PVs"
 
 # ---------- host: snapshot CRDs (deploy/ runs csi-snapshotter), then the kit ----------
 kh apply -f "$E2E_HOME/snapshot-crds/" > /dev/null

@@ -5,6 +5,7 @@
 #           etcd client (http)    = PORT_BASE+1
 #           etcd peer   (http)    = PORT_BASE+2
 #           kube-controller-manager https (healthz/metrics) = PORT_BASE+3
+#   ValidatingAdmissionPolicy served (v1beta1 on v1.28): deploy/member/admission-v1beta1 installs there.
 #   State:  $E2E_HOME/run/NAME/{pki,etcd,logs,pids,*.kubeconfig}
 #   Output: $E2E_HOME/run/NAME.kubeconfig  (admin, group system:masters, client cert)
 #   Stop with: $(dirname "$0")/cluster-down.sh NAME [--wipe]
@@ -135,6 +136,7 @@ start kube-apiserver $BIN/kube-apiserver \
   --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-cluster-ip-range=10.0.0.0/24 \
   --authorization-mode=Node,RBAC --allow-privileged=true \
+  --feature-gates=ValidatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true \
   --profiling=false --v=$V ${APISERVER_EXTRA:-}
 waitfor kube-apiserver 180 kubectl --kubeconfig $R/admin.kubeconfig get --raw /readyz
 

@@ -5,7 +5,9 @@
 #     controller-manager +3), kubeconfig $E2E_HOME/run/$SPARE_MEMBER.kubeconfig;
 #   - a bare hostpath driver (hostpath.csi.k8s.io, node $SPARE_MEMBER-node-1,
 #     no attach) with its provisioner, its CSIDriver and the StorageClass
-#     "$SPARE_MEMBER-hostpath" (Immediate, Delete).
+#     "$SPARE_MEMBER-hostpath" (Immediate, Delete);
+#   - deploy/member with its admission policy, and the relay's identity there as
+#     $E2E_HOME/run/$SPARE_MEMBER-relay.kubeconfig (member-identity.sh).
 # Processes recorded in RUN_DIR/$SPARE_MEMBER/pids, logs in RUN_DIR/logs.
 # Starts binaries from $E2E_HOME/bin only. Undo with spare-member-down.sh
 # RUN_DIR (run on any failure here too).
@@ -46,4 +48,6 @@ volumeBindingMode: Immediate
 reclaimPolicy: Delete
 YAML
 waitfor 60 "$NAME default ServiceAccount" kubectl --kubeconfig "$KC" -n default get sa default
+"$HERE/member-identity.sh" "$KC" "$E2E_HOME/run/$NAME-relay.kubeconfig" "$NAME" > "$RUN/logs/$NAME-identity.log" 2>&1 ||
+  { cat "$RUN/logs/$NAME-identity.log" >&2; false; }
 ts "$NAME: control plane :$PORT, hostpath.csi.k8s.io, class $NAME-hostpath"

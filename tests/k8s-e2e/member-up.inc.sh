@@ -16,6 +16,8 @@
 #     topology.relay.csi.dev/member(-node). Class relay-member: member1's
 #     kl-hostpath (Immediate). NODE_MEMBER_KUBECONFIG, when set, is how the
 #     node plugin reaches member1 (a test's fault proxy, node-partition.sh).
+#     MEMBER_RELAY_KUBECONFIG, when set (tests/e2e-env/env-up.sh makes it), is
+#     the controller's: deploy/member's identity under its admission policy.
 #   - Snapshots, when the local part has them (SNAP=1): the snapshot CRDs,
 #     snapshot-controller and hostpath's csi-snapshotter in the member with
 #     class kl-hostpath-snap; the host's csi-snapshotter for the member relay
@@ -63,7 +65,7 @@ MNSOCKDIR=$LAB/kubelet/plugins/$MEMBER_DRIVER; MNSOCK=$MNSOCKDIR/csi.sock
 mkdir -p "$MNSOCKDIR"
 RUST_LOG=$RELAY_LOG lab kl_start member-relay-controller "$LAB/logs/member-relay-controller.log" \
   "$RELAY_BIN" serve --mode controller --backend member --driver-name $MEMBER_DRIVER --node-id relay-controller \
-  --member member1="$MEMBER_KUBECONFIG" --host-kubeconfig "$HOST_KUBECONFIG" \
+  --member member1="${MEMBER_RELAY_KUBECONFIG:-$MEMBER_KUBECONFIG}" --host-kubeconfig "$HOST_KUBECONFIG" \
   --state-dir "$MSTATE/controller" --endpoint "unix://$MCSOCK"
 RUST_LOG=$RELAY_LOG lab kl_start member-relay-node "$LAB/logs/member-relay-node.log" \
   "$RELAY_BIN" serve --mode node --backend member --driver-name $MEMBER_DRIVER --node-id $KL_NODE \

@@ -374,8 +374,13 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
     )
     .await;
 
-    let member1 = format!("member1={}", env.member_kubeconfig);
-    let member2 = format!("member2={}", member2_kubeconfig(&pre.e2e_home));
+    // The relay's own identities there (deploy/member, admission policy
+    // installed), not the admins the test reads with.
+    let member1 = format!("member1={}", env.relay_member_kubeconfig);
+    let member2 = format!(
+        "member2={}",
+        pre.e2e_home.join("run/member2-relay.kubeconfig").display()
+    );
     let relay = common::Driver::start_as(
         "controller",
         &[

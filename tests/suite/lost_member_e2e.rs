@@ -48,7 +48,8 @@ async fn a_member_lost_for_good_is_released_by_the_runbook_alone() {
         vec![("SPARE_MEMBER", MEMBER.into()), ("SPARE_PORT", PORT.into())],
     );
     spare.run("spare-member-up.sh");
-    let lost_kubeconfig = format!("{home}/run/{MEMBER}.kubeconfig");
+    // The relay's own identity there (spare-member-up.sh installs deploy/member).
+    let lost_kubeconfig = format!("{home}/run/{MEMBER}-relay.kubeconfig");
 
     let host = client(&env.host_kubeconfig).await;
     e2e_support::install_crd(&host).await;

@@ -15,7 +15,12 @@ use kube::{Client, CustomResourceExt};
 #[derive(Clone)]
 pub struct Env {
     pub host_kubeconfig: String,
+    /// The member's admin: what tests read and plant there.
     pub member_kubeconfig: String,
+    /// The relay's own identity in the member (deploy/member's
+    /// csi-relay-member, under its admission policy): what relays under
+    /// test use. The admin kubeconfig when the environment has none.
+    pub relay_member_kubeconfig: String,
     pub storage_class: String,
     pub namespace: String,
     /// The member CSI driver's name and its node plugin socket on this
@@ -24,9 +29,12 @@ pub struct Env {
 }
 
 pub fn env() -> Option<Env> {
+    let member_kubeconfig = std::env::var("RELAY_E2E_MEMBER_KUBECONFIG").ok()?;
     Some(Env {
         host_kubeconfig: std::env::var("RELAY_E2E_HOST_KUBECONFIG").ok()?,
-        member_kubeconfig: std::env::var("RELAY_E2E_MEMBER_KUBECONFIG").ok()?,
+        relay_member_kubeconfig: std::env::var("RELAY_E2E_MEMBER_RELAY_KUBECONFIG")
+            .unwrap_or_else(|_| member_kubeconfig.clone()),
+        member_kubeconfig,
         storage_class: std::env::var("RELAY_E2E_MEMBER_STORAGE_CLASS").ok()?,
         namespace: std::env::var("RELAY_E2E_MEMBER_NAMESPACE").unwrap_or_else(|_| "default".into()),
         member_plugin: std::env::var("RELAY_E2E_MEMBER_CSI_DRIVER")
@@ -302,7 +310,7 @@ pub fn member_create(env: &Env, name: &str, bytes: i64) -> csi_relay::csi::Creat
 /// Starts a relay serving from the environment's member cluster (named
 /// `e2e`), its RelayVolumes in the host, with `extra` flags.
 pub async fn start_member_relay(env: &Env, node_id: &str, extra: &[&str]) -> crate::common::Driver {
-    let member_arg = format!("e2e={}", env.member_kubeconfig);
+    let member_arg = format!("e2e={}", env.relay_member_kubeconfig);
     let mut args = vec![
         "--backend",
         "member",
