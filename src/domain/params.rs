@@ -44,6 +44,12 @@ pub struct VolumeParams {
     /// when external-provisioner passes it, else "default".
     #[serde(rename = "memberNamespace")]
     pub member_namespace: Option<String>,
+    /// Member backend: the member namespaces claims of this class may land
+    /// in, comma-separated; an entry may end in `*` (any namespace starting
+    /// so) and use `${pvc.namespace}`. A claim whose member namespace is not
+    /// listed is refused. Default: any.
+    #[serde(rename = "allowedMemberNamespaces")]
+    pub allowed_member_namespaces: Option<String>,
     /// Member backend: how the member PVC is named. `host` (default): as the
     /// host PVC, so a pod mirrored into the member (Kosmos, Liqo) with its
     /// claim name finds it; `generated`: `relay-<uuid>`. Without the host
@@ -90,6 +96,9 @@ impl VolumeParams {
         }
         if self.member_namespace.is_some() {
             keys.push("memberNamespace");
+        }
+        if self.allowed_member_namespaces.is_some() {
+            keys.push("allowedMemberNamespaces");
         }
         if self.member_claim_name.is_some() {
             keys.push("memberClaimName");

@@ -118,6 +118,42 @@ pub fn check_namespace_template(template: &str) -> Result<(), String> {
     }
 }
 
+/// Whether `allowedMemberNamespaces` is acceptable: comma-separated
+/// entries, each a namespace name (with `${pvc.namespace}` standing for a
+/// one-letter name) or such a name's start followed by `*`.
+pub fn check_allowed_namespaces(list: &str) -> Result<(), String> {
+    let entries: Vec<&str> = list.split(',').map(str::trim).collect();
+    for entry in &entries {
+        let probe = entry.replace(HOST_NAMESPACE_VAR, "a");
+        let ok = match probe.strip_suffix('*') {
+            Some("") => true,
+            Some(start) => !start.contains('*') && is_dns_label(&format!("{start}a")),
+            None => is_dns_label(&probe),
+        };
+        if !ok {
+            return Err(format!(
+                "allowedMemberNamespaces {list:?}: entry {entry:?} is neither a namespace name nor a name's start followed by '*' (entries are comma-separated; {HOST_NAMESPACE_VAR} stands for the host claim's namespace)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `namespace` is one `allowedMemberNamespaces` lets in, for a
+/// claim of host namespace `host_ns`.
+pub fn namespace_allowed(list: &str, namespace: &str, host_ns: Option<&str>) -> bool {
+    list.split(',').map(str::trim).any(|entry| {
+        if entry.contains(HOST_NAMESPACE_VAR) && host_ns.is_none() {
+            return false;
+        }
+        let entry = entry.replace(HOST_NAMESPACE_VAR, host_ns.unwrap_or_default());
+        match entry.strip_suffix('*') {
+            Some(start) => namespace.starts_with(start),
+            None => namespace == entry,
+        }
+    })
+}
+
 /// The namespace and name of a new volume's member PVC (see
 /// `VolumeParams::member_namespace` and `member_claim_name`).
 pub fn member_claim(params: &VolumeParams, uuid: &str) -> CsiResult<(String, String)> {
@@ -153,6 +189,19 @@ pub fn member_claim(params: &VolumeParams, uuid: &str) -> CsiResult<(String, Str
             "memberNamespace {:?} gives {namespace:?} for this claim, which is not a valid namespace name (at most 63 characters)",
             params.member_namespace.as_deref().unwrap_or_default()
         )));
+    }
+    if let Some(list) = params.allowed_member_namespaces.as_deref() {
+        if !namespace_allowed(list, &namespace, host_ns) {
+            let from = match (params.member_namespace.as_deref(), host_ns) {
+                (Some(t), Some(ns)) => format!("memberNamespace {t:?} for host namespace {ns:?}"),
+                (Some(t), None) => format!("memberNamespace {t:?}"),
+                (None, Some(ns)) => format!("the host claim's namespace {ns:?}"),
+                (None, None) => format!("the default {DEFAULT_NAMESPACE:?}"),
+            };
+            return Err(bad(format!(
+                "member namespace {namespace:?} (from {from}) is not in the StorageClass's allowedMemberNamespaces {list:?}: no member claim was made"
+            )));
+        }
     }
     let pvc = match (params.member_claim_name, params.pvc_name.as_deref()) {
         (Some(ClaimNaming::Generated), _) | (_, None) => pvc_name(uuid),
@@ -257,6 +306,63 @@ pub fn pvc_metadata(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowed_member_namespaces_limit_where_claims_land() {
+        let params = |template: Option<&str>, host: Option<&str>, list: &str| VolumeParams {
+            member_namespace: template.map(str::to_string),
+            pvc_namespace: host.map(str::to_string),
+            allowed_member_namespaces: Some(list.to_string()),
+            ..Default::default()
+        };
+        let lands = |p: &VolumeParams| member_claim(p, "0123").map(|(ns, _)| ns);
+        assert_eq!(
+            lands(&params(None, Some("team-a"), "team-*, shared")).unwrap(),
+            "team-a"
+        );
+        assert_eq!(
+            lands(&params(
+                Some("${pvc.namespace}-m1"),
+                Some("web"),
+                "${pvc.namespace}-m1"
+            ))
+            .unwrap(),
+            "web-m1"
+        );
+        assert_eq!(
+            lands(&params(Some("shared"), Some("x"), "*")).unwrap(),
+            "shared"
+        );
+        let refused = lands(&params(None, Some("kube-system"), "team-*,shared")).unwrap_err();
+        let CsiError::Invalid { field, reason: msg } = refused else {
+            panic!("want INVALID_ARGUMENT, got {refused:?}");
+        };
+        assert_eq!(field, "parameters");
+        assert!(
+            msg.contains("\"kube-system\"")
+                && msg.contains("allowedMemberNamespaces \"team-*,shared\"")
+                && msg.contains("host claim's namespace"),
+            "{msg}"
+        );
+        // A prefix entry lets in what starts so, nothing else.
+        assert!(lands(&params(None, Some("teamx"), "team-*")).is_err());
+        // ${pvc.namespace} without the host namespace matches nothing.
+        assert!(lands(&params(Some("fixed"), None, "${pvc.namespace}")).is_err());
+
+        for ok in [
+            "a",
+            "team-*",
+            "*",
+            "${pvc.namespace}",
+            "${pvc.namespace}-m1, shared-*",
+        ] {
+            assert!(check_allowed_namespaces(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a,,b", "Team", "a*b*", "-*", "a b", "x/../y"] {
+            let why = check_allowed_namespaces(bad).unwrap_err();
+            assert!(why.contains("allowedMemberNamespaces"), "{bad}: {why}");
+        }
+    }
 
     #[test]
     fn volume_ids_round_trip_and_stay_short() {

@@ -249,7 +249,8 @@ async fn run(env: &Env, host: &Client, member: &Client, node: &str, cut: Cut) ->
     let member_proxy = FaultProxy::to(&server_of(&env.member_kubeconfig)).await;
     let dir = tempfile::tempdir().expect("kubeconfig dir");
     let host_kc = host_proxy.kubeconfig(&env.host_kubeconfig, &dir.path().join("host"));
-    let member_kc = member_proxy.kubeconfig(&env.relay_member_kubeconfig, &dir.path().join("member"));
+    let member_kc =
+        member_proxy.kubeconfig(&env.relay_member_kubeconfig, &dir.path().join("member"));
     let member_arg = format!("e2e={}", member_kc.display());
     let host_arg = host_kc.display().to_string();
     let mut d = common::Driver::start_as(

@@ -396,6 +396,10 @@ impl Backend for MemberBackend {
             naming::check_namespace_template(ns)
                 .map_err(|why| CsiError::invalid("parameters", why))?;
         }
+        if let Some(list) = &params.allowed_member_namespaces {
+            naming::check_allowed_namespaces(list)
+                .map_err(|why| CsiError::invalid("parameters", why))?;
+        }
         if let Some(sc) = &params.member_storage_class {
             if !naming::is_dns_subdomain(sc) {
                 return Err(CsiError::invalid(

@@ -1,0 +1,526 @@
+//! Least privilege, asked of the real API servers (issue #37).
+//!
+//! - The permission matrix of docs/security.md against the host and the
+//!   member with deploy/ and deploy/member/ installed: each identity holds
+//!   exactly the matrix's `yes` rows (SelfSubjectRulesReview as that
+//!   identity, less what any service account holds), every `yes` row is
+//!   allowed and every `no` row denied (SubjectAccessReview).
+//! - The member admission policy (deploy/member/admission*, installed by
+//!   tests/e2e-env/member-identity.sh): as the relay's member identity, a
+//!   user's claim can be neither deleted, changed nor marked, a bound Kosmos
+//!   copy is kept, and what the relay really does is allowed.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use serde_json::json;
+
+use crate::common;
+use crate::e2e_support::{self, client};
+
+const NAMESPACE: &str = "csi-relay";
+const NODE_SECRETS_NAMESPACE: &str = "csi-relay-node-secrets";
+
+#[derive(Debug, Clone)]
+struct Row {
+    identity: String,
+    cluster: String,
+    namespace: String,
+    group: String,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+    name: String,
+    may: bool,
+}
+
+/// (apiGroup, resource, verb, name): one right.
+type Atom = (String, String, String, String);
+
+fn matrix() -> Vec<Row> {
+    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/security.md");
+    let text = std::fs::read_to_string(&doc).expect("docs/security.md");
+    let begin = text
+        .find("<!-- permission-matrix:begin -->")
+        .expect("matrix begin marker");
+    let end = text
+        .find("<!-- permission-matrix:end -->")
+        .expect("matrix end marker");
+    let words = |s: &str| s.split_whitespace().map(str::to_string).collect();
+    let rows: Vec<Row> = text[begin..end]
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| identity") && !l.starts_with("|---"))
+        .map(|l| {
+            let c: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            assert_eq!(c.len(), 8, "matrix row {l:?}");
+            Row {
+                identity: c[0].into(),
+                cluster: c[1].into(),
+                namespace: c[2].into(),
+                group: if c[3] == "core" {
+                    String::new()
+                } else {
+                    c[3].into()
+                },
+                resources: words(c[4]),
+                verbs: words(c[5]),
+                name: c[6].into(),
+                may: match c[7] {
+                    "yes" => true,
+                    "no" => false,
+                    other => panic!("matrix row {l:?}: may is {other:?}"),
+                },
+            }
+        })
+        .collect();
+    assert!(rows.len() >= 30, "{} matrix rows", rows.len());
+    rows
+}
+
+fn atoms(row: &Row) -> Vec<Atom> {
+    let mut out = Vec::new();
+    for r in &row.resources {
+        for v in &row.verbs {
+            out.push((row.group.clone(), r.clone(), v.clone(), row.name.clone()));
+        }
+    }
+    out
+}
+
+fn user(identity: &str) -> String {
+    format!("system:serviceaccount:{NAMESPACE}:{identity}")
+}
+
+fn groups() -> Vec<String> {
+    vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{NAMESPACE}"),
+        "system:authenticated".into(),
+    ]
+}
+
+/// A client of `kubeconfig` (an admin) acting as the service account
+/// `identity` of csi-relay's namespace.
+async fn impersonating(kubeconfig: &str, identity: &str) -> Client {
+    let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    config.auth_info.impersonate = Some(user(identity));
+    config.auth_info.impersonate_groups = Some(groups());
+    Client::try_from(config).expect("client")
+}
+
+/// What `identity` may do in `namespace`, as the API server lists it.
+async fn rules(kubeconfig: &str, identity: &str, namespace: &str) -> BTreeSet<Atom> {
+    let client = impersonating(kubeconfig, identity).await;
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(namespace.into()),
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SelfSubjectRulesReview>::all(client)
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("SelfSubjectRulesReview as {identity} in {namespace}: {e}"));
+    let status = answer.status.expect("review status");
+    assert!(
+        !status.incomplete,
+        "rules of {identity} in {namespace} incomplete: {:?}",
+        status.evaluation_error
+    );
+    let mut set = BTreeSet::new();
+    for rule in status.resource_rules {
+        let names = rule
+            .resource_names
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| vec!["*".into()]);
+        for g in rule.api_groups.unwrap_or_default() {
+            for r in rule.resources.clone().unwrap_or_default() {
+                for v in &rule.verbs {
+                    for n in &names {
+                        set.insert((g.clone(), r.clone(), v.clone(), n.clone()));
+                    }
+                }
+            }
+        }
+    }
+    set
+}
+
+async fn allowed(admin: &Client, identity: &str, row: &Row, resource: &str, verb: &str) -> bool {
+    let (resource, subresource) = match resource.split_once('/') {
+        Some((r, s)) => (r.to_string(), Some(s.to_string())),
+        None => (resource.to_string(), None),
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user(identity)),
+            groups: Some(groups()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(row.group.clone()),
+                resource: Some(resource),
+                subresource,
+                verb: Some(verb.into()),
+                namespace: (row.namespace != "*").then(|| row.namespace.clone()),
+                name: (row.name != "*").then(|| row.name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+fn kubectl(kubeconfig: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .map_err(|e| format!("kubectl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn repo(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(path)
+        .display()
+        .to_string()
+}
+
+/// Whether deploy/member is installed in the member (env-up.sh does it).
+async fn member_kit_installed(member: &Client) -> bool {
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(member.clone(), NAMESPACE)
+        .get_opt("csi-relay-member")
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+#[tokio::test]
+async fn each_identity_holds_exactly_the_rights_of_the_permission_matrix() {
+    let _alone = common::alone();
+    let Some(env) = e2e_support::env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    if kubectl(&env.host_kubeconfig, &["version", "--client"]).is_err() {
+        common::skip("no kubectl on PATH (E2E_HOME/bin has it)");
+        return;
+    }
+    let host = client(&env.host_kubeconfig).await;
+    let member = client(&env.member_kubeconfig).await;
+    if !member_kit_installed(&member).await {
+        common::skip(
+            "deploy/member is not installed in the member (tests/e2e-env/env-up.sh installs it)",
+        );
+        return;
+    }
+    // The host kit's identities, and the member's node-secrets component.
+    kubectl(
+        &env.host_kubeconfig,
+        &["apply", "-f", &repo("deploy/namespace.yaml")],
+    )
+    .unwrap();
+    kubectl(
+        &env.host_kubeconfig,
+        &["apply", "-f", &repo("deploy/rbac.yaml")],
+    )
+    .unwrap();
+    let namespaces: Api<Namespace> = Api::all(member.clone());
+    let _ = namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NODE_SECRETS_NAMESPACE}})).unwrap(),
+        )
+        .await;
+    kubectl(
+        &env.member_kubeconfig,
+        &["apply", "-f", &repo("deploy/member/node-secrets/role.yaml")],
+    )
+    .unwrap();
+
+    let rows = matrix();
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for (cluster, kubeconfig, admin) in [
+        ("host", &env.host_kubeconfig, &host),
+        ("member", &env.member_kubeconfig, &member),
+    ] {
+        let here: Vec<&Row> = rows.iter().filter(|r| r.cluster == cluster).collect();
+        let identities: BTreeSet<&str> = here.iter().map(|r| r.identity.as_str()).collect();
+        let mut spaces: BTreeSet<&str> = here
+            .iter()
+            .map(|r| r.namespace.as_str())
+            .filter(|n| *n != "*")
+            .collect();
+        spaces.insert("default");
+        spaces.insert(NAMESPACE);
+        for namespace in &spaces {
+            // What every service account of the namespace holds anyway.
+            let baseline = rules(kubeconfig, "csi-relay-nobody", namespace).await;
+            for identity in &identities {
+                let holds: BTreeSet<Atom> = rules(kubeconfig, identity, namespace)
+                    .await
+                    .difference(&baseline)
+                    .cloned()
+                    .collect();
+                let want: BTreeSet<Atom> = here
+                    .iter()
+                    .filter(|r| r.identity == *identity && r.may)
+                    .filter(|r| r.namespace == "*" || r.namespace == *namespace)
+                    .flat_map(|r| atoms(r))
+                    .collect();
+                for extra in holds.difference(&want) {
+                    failures.push(format!(
+                        "{cluster}: {identity} holds {extra:?} in namespace {namespace}, which the matrix does not grant"
+                    ));
+                }
+                for missing in want.difference(&holds) {
+                    failures.push(format!(
+                        "{cluster}: the matrix grants {identity} {missing:?} in namespace {namespace}, which the manifests do not"
+                    ));
+                }
+            }
+        }
+        for row in &here {
+            for (_, resource, verb, _) in atoms(row) {
+                checked += 1;
+                let is = allowed(admin, &row.identity, row, &resource, &verb).await;
+                if is != row.may {
+                    failures.push(format!(
+                        "{cluster}: {} {verb} {resource} (group {:?}, namespace {}, name {}): allowed={is}, the matrix says {}",
+                        row.identity, row.group, row.namespace, row.name, row.may
+                    ));
+                }
+            }
+        }
+    }
+    eprintln!(
+        "permission matrix: {} rows, {checked} access reviews, rules compared for 4 identities",
+        rows.len()
+    );
+    let _ = namespaces
+        .delete(NODE_SECRETS_NAMESPACE, &DeleteParams::default())
+        .await;
+    let _ = kubectl(
+        &env.host_kubeconfig,
+        &["delete", "-f", &repo("deploy/rbac.yaml")],
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn claim(
+    name: &str,
+    labels: serde_json::Value,
+    annotations: serde_json::Value,
+) -> PersistentVolumeClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "no-such-class",
+                 "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .expect("claim manifest")
+}
+
+fn marked() -> serde_json::Value {
+    json!({"app.kubernetes.io/managed-by": "csi-relay"})
+}
+
+/// The refusal of the member's admission policy (not of RBAC).
+fn refused<T: std::fmt::Debug>(what: &str, r: Result<T, kube::Error>) {
+    match r {
+        Err(kube::Error::Api(s))
+            if s.code == 403
+                && s.message
+                    .contains("ValidatingAdmissionPolicy 'csi-relay-member'") => {}
+        other => panic!("{what}: want the admission policy's 403, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
+    let _alone = common::alone();
+    let Some(env) = e2e_support::env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let admin = client(&env.member_kubeconfig).await;
+    if !member_kit_installed(&admin).await {
+        common::skip(
+            "deploy/member is not installed in the member (tests/e2e-env/env-up.sh installs it)",
+        );
+        return;
+    }
+    let relay = impersonating(&env.member_kubeconfig, "csi-relay-member").await;
+    let ns = format!("least-privilege-{}", std::process::id());
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .expect("test namespace");
+    let as_admin: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns);
+    let as_relay: Api<PersistentVolumeClaim> = Api::namespaced(relay.clone(), &ns);
+    let pp = PostParams::default();
+    let kosmos = json!({"kosmos.io/global": "true"});
+    as_admin
+        .create(&pp, &claim("users-own", json!({}), json!({})))
+        .await
+        .expect("a user's claim");
+    as_admin
+        .create(&pp, &claim("kosmos-copy", json!({}), kosmos.clone()))
+        .await
+        .expect("Kosmos's unbound copy");
+    let mut bound = claim("kosmos-copy-bound", json!({}), kosmos.clone());
+    if let Some(spec) = bound.spec.as_mut() {
+        spec.volume_name = Some("a-users-pv".into());
+    }
+    as_admin
+        .create(&pp, &bound)
+        .await
+        .expect("a bound Kosmos copy");
+
+    let dp = DeleteParams::default();
+    refused(
+        "delete a user's claim",
+        as_relay.delete("users-own", &dp).await,
+    );
+    refused(
+        "mark a user's claim as the relay's",
+        as_relay
+            .patch(
+                "users-own",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": marked()}})),
+            )
+            .await,
+    );
+    refused(
+        "change a user's claim (what select_node does to the relay's)",
+        as_relay
+            .patch(
+                "users-own",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "member-node-1"}}})),
+            )
+            .await,
+    );
+    refused(
+        "delete a Kosmos copy bound to a volume",
+        as_relay.delete("kosmos-copy-bound", &dp).await,
+    );
+    refused(
+        "create a claim without the relay's mark",
+        as_relay
+            .create(&pp, &claim("unmarked", json!({}), json!({})))
+            .await,
+    );
+    refused(
+        "create a namespace without the relay's mark",
+        Api::<Namespace>::all(relay.clone())
+            .create(
+                &pp,
+                &serde_json::from_value(json!({"metadata": {"name": format!("{ns}-unmarked")}}))
+                    .unwrap(),
+            )
+            .await,
+    );
+    let foreign_va: VolumeAttachment = serde_json::from_value(json!({
+        "metadata": {"name": format!("{ns}-users-va")},
+        "spec": {"attacher": "users.example.com", "nodeName": "member-node-1",
+                 "source": {"persistentVolumeName": "a-users-pv"}}
+    }))
+    .unwrap();
+    let vas_admin: Api<VolumeAttachment> = Api::all(admin.clone());
+    vas_admin
+        .create(&pp, &foreign_va)
+        .await
+        .expect("a user's VolumeAttachment");
+    refused(
+        "delete a user's VolumeAttachment",
+        Api::<VolumeAttachment>::all(relay.clone())
+            .delete(&format!("{ns}-users-va"), &dp)
+            .await,
+    );
+
+    // What the relay does is allowed.
+    as_relay
+        .delete("kosmos-copy", &dp)
+        .await
+        .expect("the relay deletes Kosmos's unbound copy");
+    as_relay
+        .create(&pp, &claim("relays", marked(), json!({})))
+        .await
+        .expect("the relay creates its marked claim");
+    as_relay
+        .patch(
+            "relays",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": "member-node-1"}}})),
+        )
+        .await
+        .expect("the relay changes its claim");
+    refused(
+        "take the relay's mark off its claim",
+        as_relay
+            .patch(
+                "relays",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"labels": {"app.kubernetes.io/managed-by": null}}}),
+                ),
+            )
+            .await,
+    );
+    as_relay
+        .delete("relays", &dp)
+        .await
+        .expect("the relay deletes its claim");
+    let made = format!("{ns}-made");
+    Api::<Namespace>::all(relay.clone())
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": made, "labels": marked()}}))
+                .unwrap(),
+        )
+        .await
+        .expect("the relay creates a marked namespace (createMemberNamespace)");
+
+    // The user's objects are all there.
+    for name in ["users-own", "kosmos-copy-bound"] {
+        assert!(
+            as_admin.get_opt(name).await.expect("get").is_some(),
+            "{name} is gone"
+        );
+    }
+    let _ = vas_admin.delete(&format!("{ns}-users-va"), &dp).await;
+    let _ = namespaces.delete(&made, &dp).await;
+    let _ = namespaces.delete(&ns, &dp).await;
+}
