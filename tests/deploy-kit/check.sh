@@ -1,6 +1,7 @@
 #!/bin/bash
 # check.sh RUN_DIR: what a user of the kit installed by up.sh RUN_DIR sees.
-#   1. livenessprobe answers /healthz (node :9809, controller :9808), on 127.0.0.1 only;
+#   1. livenessprobe answers /healthz (node :9809, controller :9808), on 127.0.0.1 only; the
+#      controller runs in csi-relay, which enforces the "restricted" Pod Security Standard;
 #   2. a PVC of deploy/'s class relay-member1 + a busybox pod: Running, writing; the data lands
 #      in the member PV's directory; RelayVolume PUBLISHED;
 #   3. the node plugin's csi-relay container killed (SIGKILL through containerd; the kubelet
@@ -29,6 +30,16 @@ for p in 9809 9808; do
   [[ $addrs == "127.0.0.1:$p " ]] || die "port $p listens on: $addrs"
 done
 pass "livenessprobe /healthz ok on 127.0.0.1:9809 (node) and 127.0.0.1:9808 (controller), bound to 127.0.0.1 only"
+
+# ---------- 1b. Pod Security: the controller's namespace enforces "restricted" ----------
+[[ "$(kh get ns csi-relay -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" == restricted ]] \
+  || die "namespace csi-relay does not enforce restricted"
+CP=$(kh -n csi-relay get pods -l app=csi-relay-controller -o jsonpath='{.items[0].metadata.name}')
+[[ "$(kh -n csi-relay get pod "$CP" -o jsonpath='{.spec.hostNetwork}')" != true ]] || die "controller on hostNetwork"
+refusal=$(kh -n csi-relay run pss-probe --image="$BUSYBOX_IMAGE" --dry-run=server --privileged 2>&1) \
+  && die "a privileged pod was admitted into csi-relay"
+grep -q 'violates PodSecurity "restricted' <<< "$refusal" || die "unexpected refusal: $refusal"
+pass "controller pod $CP admitted into csi-relay, which enforces restricted (a privileged pod there: refused); node plugin in csi-relay-node (privileged)"
 
 # ---------- 2. a user's PVC + pod ----------
 kh create ns "$USER_NS" > /dev/null 2>&1 || true
@@ -83,14 +94,14 @@ run_user 1
 kh get relayvolumes
 
 # ---------- 3. node plugin container restart ----------
-NP=$(kh -n csi-relay get pods -l app=csi-relay-node -o jsonpath='{.items[0].metadata.name}')
-cs() { kh -n csi-relay get pod "$NP" -o jsonpath="{.status.containerStatuses[?(@.name==\"csi-relay\")].$1}"; }
+NP=$(kh -n csi-relay-node get pods -l app=csi-relay-node -o jsonpath='{.items[0].metadata.name}')
+cs() { kh -n csi-relay-node get pod "$NP" -o jsonpath="{.status.containerStatuses[?(@.name==\"csi-relay\")].$1}"; }
 restarts0=$(cs restartCount); cid=$(cs containerID); cid=${cid#containerd://}
 lap
 ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io tasks kill -s SIGKILL "$cid"
 waitfor 120 "csi-relay container of $NP restarted" sh -c \
-  "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod $NP -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $restarts0 ]"
-kh -n csi-relay wait --for=condition=Ready "pod/$NP" --timeout=120s > /dev/null
+  "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay-node get pod $NP -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $restarts0 ]"
+kh -n csi-relay-node wait --for=condition=Ready "pod/$NP" --timeout=120s > /dev/null
 waitfor 30 "node healthz after restart" sh -c '[ "$(curl -sf --max-time 5 http://127.0.0.1:9809/healthz)" = ok ]'
 pass "node plugin container killed (SIGKILL, task $cid): restarted by the kubelet (restartCount $restarts0 -> $(cs restartCount)), pod Ready again in $(since)"
 ku exec writer-1 -- sh -c 'echo after-restart > /data/after && sync && cat /data/hello /data/after' > "$RUN/logs/after-restart.txt"
@@ -115,5 +126,5 @@ left=$(for d in $mdirs; do grep -F " $d " /proc/self/mountinfo || true; done
        mounts_under "$KUBELET_DIR/plugins/kubernetes.io/csi" || true)
 [[ -z $left ]] || die "still mounted: $left"
 pass "user objects deleted: pods gone in $t_pods, host PVs ($pvs), VolumeAttachments, RelayVolumes and member PVCs gone, nothing mounted ($(since) in all); member PVs: $(km get pv -o jsonpath='{range .items[*]}{.metadata.name}={.status.phase} {end}')"
-kh -n csi-relay get pods
+kh -n csi-relay get pods; kh -n csi-relay-node get pods
 ts "check.sh: ALL PASS"

@@ -27,11 +27,13 @@ if api_up; then
   fi
   # ---------- 2. the kit ----------
   if [[ -s $RUN/kustomize/kustomization.yaml ]]; then
-    for p in $(kh -n csi-relay get pods -o name 2>/dev/null); do
-      kh -n csi-relay logs --all-containers --prefix "$p" > "$RUN/logs/$(basename "$p").log" 2>&1
+    for ns in csi-relay csi-relay-node; do
+      for p in $(kh -n $ns get pods -o name 2>/dev/null); do
+        kh -n $ns logs --all-containers --prefix "$p" > "$RUN/logs/$(basename "$p").log" 2>&1
+      done
     done
     kh delete -k "$RUN/kustomize" --wait=true --timeout=90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
-    waitfor 60 "csi-relay pods gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pods -o name 2>/dev/null)\" ]" || rc=1
+    waitfor 60 "csi-relay pods gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get pods -n csi-relay -o name 2>/dev/null)\$(kubectl --kubeconfig '$HKC' get pods -n csi-relay-node -o name 2>/dev/null)\" ]" || rc=1
     ts "kit deleted (kubectl delete -k)"
   fi
 fi

@@ -58,11 +58,15 @@ ts "control planes up: $HOST :$HOST_PORT, $MEMBER :$MEMBER_PORT"
 
 # ---------- kubelet node ----------
 export BIN_DIR=$E2E_HOME/bin NO_PROXY=127.0.0.1,localhost no_proxy=127.0.0.1,localhost
+# POD_FORWARD: the controller runs without hostNetwork (its namespace enforces "restricted"); the
+# node's CNI gives pods of csi-relay the two API servers on their own loopback, and the node the
+# controller's liveness port 9808 (tests/e2e-env/kubelet/podlocal-forward.py).
+POD_FORWARD="{\"namespaces\": [\"csi-relay\"], \"in\": [$HOST_PORT, $MEMBER_PORT], \"out\": [9808]}"
 # POD_LOG_DIR: this node's containerd and kubelet get /var/log/{pods,containers} of their own
 # (another kubelet may run on this machine), and LAB_DIR becomes an rshared mount, which the node
 # plugin's Bidirectional kubelet-dir mount needs (/ is private here).
 node_up() {
-  env CTRD_STATE="$CTRD_STATE" POD_LOG_DIR="$RUN/var-log" \
+  env CTRD_STATE="$CTRD_STATE" POD_LOG_DIR="$RUN/var-log" POD_FORWARD="$POD_FORWARD" \
     HTTPS_PROXY=$PULL_PROXY HTTP_PROXY=$PULL_PROXY https_proxy=$PULL_PROXY http_proxy=$PULL_PROXY \
     nice "$KL/kubelet-node-up.sh" "$HKC" "$NODE" "$KL_PORT" "$LAB" >> "$RUN/logs/kubelet-node-up.log" 2>&1
 }
@@ -188,7 +192,7 @@ cat > "$RUN/kustomize/node-run.yaml" <<EOF
 # (hostPath member PVs) visible to the plugin at the same path.
 apiVersion: apps/v1
 kind: DaemonSet
-metadata: { name: csi-relay-node, namespace: csi-relay }
+metadata: { name: csi-relay-node, namespace: csi-relay-node }
 spec:
   template:
     spec:
@@ -210,9 +214,9 @@ kh apply -k "$RUN/kustomize" > "$RUN/logs/kit-apply.log" 2>&1 || { cat "$RUN/log
 ts "kubectl apply -k $RUN/kustomize: $(wc -l < "$RUN/logs/kit-apply.log") objects"
 
 # ---------- wait for the kit ----------
-kh -n csi-relay rollout status daemonset/csi-relay-node --timeout=180s > /dev/null || {
-  kh -n csi-relay get pods -o wide; kh -n csi-relay describe pods | tail -40; die "node DaemonSet not ready"; }
-ts "node pod Ready: $(kh -n csi-relay get pods -l app=csi-relay-node -o name)"
+kh -n csi-relay-node rollout status daemonset/csi-relay-node --timeout=180s > /dev/null || {
+  kh -n csi-relay-node get pods -o wide; kh -n csi-relay-node describe pods | tail -40; die "node DaemonSet not ready"; }
+ts "node pod Ready: $(kh -n csi-relay-node get pods -l app=csi-relay-node -o name)"
 kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=180s > /dev/null || {
   kh -n csi-relay get pods -o wide; kh -n csi-relay describe pods -l app=csi-relay-controller | tail -40; die "controller Deployment not ready"; }
 CP=$(kh -n csi-relay get pods -l app=csi-relay-controller -o name)
@@ -226,5 +230,5 @@ waitfor 60 "CSINode $NODE with relay.csi.dev" sh -c \
 waitfor 30 "node label topology.relay.csi.dev/member" sh -c \
   "[ \"\$(kubectl --kubeconfig '$HKC' get node $NODE -o jsonpath='{.metadata.labels.topology\.relay\.csi\.dev/member}')\" = $MEMBER_NAME ]"
 ts "driver registered on $NODE (CSINode topology keys: $(kh get csinode $NODE -o jsonpath='{.spec.drivers[0].topologyKeys}'))"
-kh -n csi-relay get pods -o wide
+kh -n csi-relay get pods -o wide; kh -n csi-relay-node get pods -o wide
 ts "up.sh done"

@@ -86,3 +86,115 @@ fn the_kustomization_lists_every_host_manifest() {
         }
     }
 }
+
+fn kit(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(path)
+}
+
+#[test]
+fn the_member_components_parse_and_the_policy_is_one_for_both_api_versions() {
+    for dir in [
+        "member/node-secrets",
+        "member/admission",
+        "member/admission-v1beta1",
+    ] {
+        let docs = documents(&kit(dir));
+        assert!(!docs.is_empty(), "{dir}");
+        let k = std::fs::read_to_string(kit(dir).join("kustomization.yaml")).unwrap();
+        assert!(
+            k.contains("kind: Component"),
+            "{dir} is a kustomize Component"
+        );
+    }
+    let v1 = std::fs::read_to_string(kit("member/admission/policy.yaml")).unwrap();
+    let beta = std::fs::read_to_string(kit("member/admission-v1beta1/policy.yaml")).unwrap();
+    let beta: String = beta
+        .lines()
+        .skip_while(|l| l.starts_with("# Generated from"))
+        .map(|l| {
+            l.replace(
+                "admissionregistration.k8s.io/v1beta1",
+                "admissionregistration.k8s.io/v1",
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(
+        v1.trim_end(),
+        beta.trim_end(),
+        "admission-v1beta1/policy.yaml differs from admission/policy.yaml beyond apiVersion"
+    );
+    // The identity the policy holds is the one deploy/member makes.
+    let rbac = std::fs::read_to_string(kit("member/rbac.yaml")).unwrap();
+    assert!(rbac.contains("name: csi-relay-member\n  namespace: csi-relay\n"));
+    assert!(v1.contains("'system:serviceaccount:csi-relay:csi-relay-member'"));
+    // No member identity may read every Secret.
+    for (name, doc) in documents(&kit("member")) {
+        for rule in doc["rules"].as_array().into_iter().flatten() {
+            assert!(
+                !rule["resources"].to_string().contains("secrets"),
+                "{name}: a rule on secrets"
+            );
+        }
+    }
+}
+
+/// The Pod Security Standard "restricted" for the controller Deployment,
+/// field by field, and the namespaces that enforce it.
+#[test]
+fn the_controller_keeps_the_restricted_pod_security_standard() {
+    let docs = documents(&kit(""));
+    let controller = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "Deployment")
+        .map(|(_, d)| d.clone())
+        .expect("the controller Deployment");
+    let spec = &controller["spec"]["template"]["spec"];
+    let pod = &spec["securityContext"];
+    assert_eq!(pod["runAsNonRoot"], true);
+    assert_eq!(pod["seccompProfile"]["type"], "RuntimeDefault");
+    assert!(spec["hostNetwork"].is_null() && spec["hostPID"].is_null());
+    for c in spec["containers"].as_array().unwrap() {
+        let sc = &c["securityContext"];
+        let name = c["name"].as_str().unwrap_or_default();
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(
+            sc["capabilities"]["drop"],
+            serde_json::json!(["ALL"]),
+            "{name}"
+        );
+        assert!(
+            sc["capabilities"]["add"].is_null() && sc["privileged"].is_null(),
+            "{name}"
+        );
+    }
+    for v in spec["volumes"].as_array().unwrap() {
+        assert!(
+            v["hostPath"].is_null(),
+            "restricted allows no hostPath: {v}"
+        );
+    }
+    let namespaces: Vec<&Value> = docs
+        .iter()
+        .filter(|(_, d)| d["kind"] == "Namespace")
+        .map(|(_, d)| d)
+        .collect();
+    let enforce = |name: &str| {
+        namespaces
+            .iter()
+            .find(|n| n["metadata"]["name"] == name)
+            .map(|n| n["metadata"]["labels"]["pod-security.kubernetes.io/enforce"].clone())
+    };
+    assert_eq!(enforce("csi-relay"), Some(Value::from("restricted")));
+    assert_eq!(enforce("csi-relay-node"), Some(Value::from("privileged")));
+    assert_eq!(controller["metadata"]["namespace"], "csi-relay");
+    let node = docs
+        .iter()
+        .find(|(_, d)| d["kind"] == "DaemonSet")
+        .map(|(_, d)| d)
+        .expect("the node DaemonSet");
+    assert_eq!(node["metadata"]["namespace"], "csi-relay-node");
+}

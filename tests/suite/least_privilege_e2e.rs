@@ -95,27 +95,48 @@ fn atoms(row: &Row) -> Vec<Atom> {
     out
 }
 
-fn user(identity: &str) -> String {
-    format!("system:serviceaccount:{NAMESPACE}:{identity}")
+/// The namespace of an identity's ServiceAccount: the host's node plugin
+/// lives apart from the controller (deploy/namespace.yaml).
+fn home(identity: &str) -> &'static str {
+    if identity == "csi-relay-node" {
+        "csi-relay-node"
+    } else {
+        NAMESPACE
+    }
 }
 
-fn groups() -> Vec<String> {
+fn user(identity: &str) -> String {
+    format!("system:serviceaccount:{}:{identity}", home(identity))
+}
+
+/// The groups of a service account of namespace `ns`.
+fn groups(ns: &str) -> Vec<String> {
     vec![
         "system:serviceaccounts".into(),
-        format!("system:serviceaccounts:{NAMESPACE}"),
+        format!("system:serviceaccounts:{ns}"),
         "system:authenticated".into(),
     ]
 }
 
+/// A service account no manifest names, beside `identity`'s: what every
+/// service account there holds anyway.
+fn bare(identity: &str) -> String {
+    format!("{}/csi-relay-nobody", home(identity))
+}
+
 /// A client of `kubeconfig` (an admin) acting as the service account
-/// `identity` of csi-relay's namespace.
+/// `identity` (or `namespace/name`).
 async fn impersonating(kubeconfig: &str, identity: &str) -> Client {
     let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
     let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("kubeconfig");
-    config.auth_info.impersonate = Some(user(identity));
-    config.auth_info.impersonate_groups = Some(groups());
+    let (user, groups) = match identity.split_once('/') {
+        Some((ns, name)) => (format!("system:serviceaccount:{ns}:{name}"), groups(ns)),
+        None => (user(identity), groups(home(identity))),
+    };
+    config.auth_info.impersonate = Some(user);
+    config.auth_info.impersonate_groups = Some(groups);
     Client::try_from(config).expect("client")
 }
 
@@ -165,7 +186,7 @@ async fn allowed(admin: &Client, identity: &str, row: &Row, resource: &str, verb
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user(identity)),
-            groups: Some(groups()),
+            groups: Some(groups(home(identity))),
             resource_attributes: Some(ResourceAttributes {
                 group: Some(row.group.clone()),
                 resource: Some(resource),
@@ -281,9 +302,8 @@ async fn each_identity_holds_exactly_the_rights_of_the_permission_matrix() {
         spaces.insert("default");
         spaces.insert(NAMESPACE);
         for namespace in &spaces {
-            // What every service account of the namespace holds anyway.
-            let baseline = rules(kubeconfig, "csi-relay-nobody", namespace).await;
             for identity in &identities {
+                let baseline = rules(kubeconfig, &bare(identity), namespace).await;
                 let holds: BTreeSet<Atom> = rules(kubeconfig, identity, namespace)
                     .await
                     .difference(&baseline)

@@ -23,6 +23,9 @@
 #                                                                         [the CA in KUBECONFIG]
 #   PAUSE_IMAGE / BUSYBOX_IMAGE                                          [localhost/pause:3.9 / localhost/busybox:1.35]
 #   KUBELET_V    kubelet log level [2]; READY_TIMEOUT seconds [120]; KUBELET_EXTRA extra kubelet flags
+#   POD_FORWARD  JSON {"namespaces": [NS...], "in": [PORT...], "out": [PORT...]}: pods of those namespaces
+#                reach the node's 127.0.0.1:PORT ("in", e.g. API servers) on their own loopback, and the node
+#                reaches theirs ("out", e.g. a health port), without hostNetwork (podlocal-forward.py)  [unset]
 #   POD_LOG_DIR  run containerd and the kubelet in a mount namespace of their own where /var/log/pods and
 #                /var/log/containers are POD_LOG_DIR/{pods,containers}: needed when another kubelet runs on
 #                the machine, since every kubelet's container GC deletes the pod log dirs of pods it does
@@ -118,8 +121,13 @@ python3 "$SCRIPTS/mkimage.py" --tag "$BUSYBOX_IMAGE" --out "$IMG/busybox.tar" "$
 # ---------- CNI: pods get eth0 as an isolated in-pod veth pair (nothing on the host) ----------
 ln -sfn "$SCRIPTS/cni-podlocal.py" "$LAB/cni/bin/podlocal"
 ln -sfn "$CNI_BIN_DIR/loopback" "$LAB/cni/bin/loopback"
+# POD_FORWARD: loopback ports between the node and pods of some namespaces (podlocal-forward.py).
+FORWARD=
+if [[ -n ${POD_FORWARD:-} ]]; then
+  FORWARD=$(python3 -c 'import json,sys; f=json.loads(sys.argv[1]); f["pidDir"]=sys.argv[2]; print(", \"forward\": " + json.dumps(f))' "$POD_FORWARD" "$LAB/pids")
+fi
 cat > "$LAB/cni/net.d/10-podlocal.conflist" <<EOF
-{"cniVersion": "1.0.0", "name": "podlocal", "plugins": [{"type": "podlocal", "subnet": "10.88.0.0/16"}]}
+{"cniVersion": "1.0.0", "name": "podlocal", "plugins": [{"type": "podlocal", "subnet": "10.88.0.0/16"$FORWARD}]}
 EOF
 
 # ---------- snapshotter ----------
