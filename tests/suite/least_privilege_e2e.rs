@@ -544,3 +544,63 @@ async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
     let _ = namespaces.delete(&made, &dp).await;
     let _ = namespaces.delete(&ns, &dp).await;
 }
+
+/// `allowedMemberNamespaces`: a claim whose member namespace the class does
+/// not list is refused before anything is made in the member; a listed one
+/// is served.
+#[tokio::test]
+async fn a_class_lets_claims_land_only_in_the_member_namespaces_it_lists() {
+    let _alone = common::alone();
+    let Some(env) = e2e_support::env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let host = client(&env.host_kubeconfig).await;
+    let member = client(&env.member_kubeconfig).await;
+    e2e_support::install_crd(&host).await;
+    let d = e2e_support::start_member_relay(&env, "controller", &["--mode", "controller"]).await;
+    let c = d.controller();
+    let pid = std::process::id();
+    let claim_in = |host_ns: &str, name: &str| {
+        let mut req = e2e_support::member_create(&env, name, 16 << 20);
+        req.parameters.remove("memberNamespace");
+        req.parameters.extend([
+            ("csi.storage.k8s.io/pvc/namespace".to_string(), host_ns.to_string()),
+            ("csi.storage.k8s.io/pvc/name".to_string(), name.to_string()),
+            (
+                "allowedMemberNamespaces".to_string(),
+                format!("{}, tenant-*", env.namespace),
+            ),
+        ]);
+        req
+    };
+    let name = format!("elsewhere-{pid}");
+    let err = c
+        .clone()
+        .create_volume(claim_in("kube-system", &name))
+        .await
+        .expect_err("a claim of host namespace kube-system");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("\"kube-system\"") && err.message().contains("allowedMemberNamespaces"),
+        "{err:?}"
+    );
+    let kube_system: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), "kube-system");
+    assert!(
+        kube_system.get_opt(&name).await.expect("get").is_none(),
+        "a member claim was made in kube-system"
+    );
+
+    let name = format!("listed-{pid}");
+    let vol = c
+        .clone()
+        .create_volume(claim_in(&env.namespace, &name))
+        .await
+        .expect("a claim of a listed namespace")
+        .into_inner()
+        .volume
+        .expect("volume");
+    let listed: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), &env.namespace);
+    assert!(listed.get_opt(&name).await.expect("get").is_some());
+    e2e_support::delete_until_ok(&c, &vol.volume_id).await;
+}
