@@ -63,7 +63,7 @@ if [[ -n $left_m || -n $left_l ]]; then
 else
   rm -rf $E/state $E/sock
 fi
-rm -f $E/env.sh; rm -rf $H/run/member-relay.kubeconfig $H/run/member-relay.kubeconfig.kustomize
+rm -f $E/env.sh; rm -rf $H/run/member-relay.kubeconfig $H/run/member-relay-node.kubeconfig $H/run/member-relay.kubeconfig.kustomize
 
 # ---------- 4. verify ----------
 for f in "$E2E_PIDS_DIR"/*.pid $H/run/host/pids/*.pid $H/run/member/pids/*.pid; do

@@ -203,6 +203,8 @@ export HOST_KUBECONFIG=$HOST_KC
 export MEMBER_KUBECONFIG=$MEMBER_KC
 # The relay's own member identity (deploy/member's csi-relay-member, admission policy installed).
 export MEMBER_RELAY_KUBECONFIG=$H/run/member-relay.kubeconfig
+# The node plugins' (deploy/member's csi-relay-member-node: no rights without node-secrets/).
+export MEMBER_RELAY_NODE_KUBECONFIG=$H/run/member-relay-node.kubeconfig
 export MEMBER_STORAGE_CLASS=member-hostpath
 export MEMBER_CSI_DRIVER=$DRIVER
 export MEMBER_NODE=$MEMBER_NODE

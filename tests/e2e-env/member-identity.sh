@@ -5,7 +5,9 @@
 #     API server serves admissionregistration.k8s.io/v1 policies, else admission-v1beta1/);
 #   - the relay's member identity: a token of ServiceAccount csi-relay/csi-relay-member (a
 #     service-account-token Secret), written as the kubeconfig OUT_KUBECONFIG (mode 0600), so that
-#     tests run the relay with exactly the rights and the policy the kit gives it.
+#     tests run the relay with exactly the rights and the policy the kit gives it;
+#   - the node plugins' identity csi-relay/csi-relay-member-node the same way, as OUT_KUBECONFIG with
+#     its .kubeconfig suffix replaced by -node.kubeconfig (no rights unless node-secrets/ is added).
 # The generated kustomization lives beside OUT_KUBECONFIG (OUT_KUBECONFIG.kustomize/).
 set -Eeuo pipefail
 ADMIN=${1:?usage: member-identity.sh ADMIN_KUBECONFIG OUT_KUBECONFIG [MEMBER_NAME]}
@@ -32,39 +34,44 @@ resources: [$BASE]
 components: [$BASE/$COMPONENT]
 YAML
 k apply -k "$KDIR" > "$KDIR/apply.log"
-k apply -f - > /dev/null <<YAML
+# token_kubeconfig ACCOUNT OUT: a kubeconfig of ServiceAccount csi-relay/ACCOUNT's token, mode 0600.
+token_kubeconfig() {
+  local account=$1 out=$2 token= ca server
+  k apply -f - > /dev/null <<YAML
 apiVersion: v1
 kind: Secret
 metadata:
-  name: csi-relay-member-token
+  name: $account-token
   namespace: csi-relay
-  annotations: { kubernetes.io/service-account.name: csi-relay-member }
+  annotations: { kubernetes.io/service-account.name: $account }
 type: kubernetes.io/service-account-token
 YAML
-TOKEN=
-for _ in $(seq 1 120); do
-  TOKEN=$(k -n csi-relay get secret csi-relay-member-token -o jsonpath='{.data.token}' 2>/dev/null || true)
-  [[ -n $TOKEN ]] && break; sleep 0.5
-done
-[[ -n $TOKEN ]] || { echo "member-identity.sh: no token in csi-relay/csi-relay-member-token after 60 s" >&2; exit 1; }
-SERVER=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
-CA=$(k -n csi-relay get secret csi-relay-member-token -o jsonpath='{.data.ca\.crt}')
-umask 077
-cat > "$OUT.tmp" <<YAML
+  for _ in $(seq 1 120); do
+    token=$(k -n csi-relay get secret "$account-token" -o jsonpath='{.data.token}' 2>/dev/null || true)
+    [[ -n $token ]] && break; sleep 0.5
+  done
+  [[ -n $token ]] || { echo "member-identity.sh: no token in csi-relay/$account-token after 60 s" >&2; exit 1; }
+  server=$(k config view --raw --minify -o jsonpath='{.clusters[0].cluster.server}')
+  ca=$(k -n csi-relay get secret "$account-token" -o jsonpath='{.data.ca\.crt}')
+  ( umask 077
+    cat > "$out.tmp" <<YAML
 apiVersion: v1
 kind: Config
 clusters:
 - name: $NAME
-  cluster: { server: "$SERVER", certificate-authority-data: "$CA" }
+  cluster: { server: "$server", certificate-authority-data: "$ca" }
 users:
-- name: csi-relay-member
-  user: { token: "$(base64 -d <<< "$TOKEN")" }
+- name: $account
+  user: { token: "$(base64 -d <<< "$token")" }
 contexts:
 - name: $NAME
-  context: { cluster: $NAME, user: csi-relay-member }
+  context: { cluster: $NAME, user: $account }
 current-context: $NAME
 YAML
-mv "$OUT.tmp" "$OUT"
+    mv "$out.tmp" "$out" )
+}
+token_kubeconfig csi-relay-member "$OUT"
+token_kubeconfig csi-relay-member-node "${OUT%.kubeconfig}-node.kubeconfig"
 kubectl --kubeconfig "$OUT" auth can-i create persistentvolumeclaims -n default > /dev/null \
   || { echo "member-identity.sh: $OUT cannot create PVCs" >&2; exit 1; }
-echo "member-identity.sh: deploy/member + $COMPONENT applied; the relay's identity in $OUT"
+echo "member-identity.sh: deploy/member + $COMPONENT applied; the relay's identities in $OUT and ${OUT%.kubeconfig}-node.kubeconfig"

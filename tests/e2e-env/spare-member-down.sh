@@ -15,5 +15,5 @@ for f in $(ls -t "$LAB_DIR"/pids/*.pid 2>/dev/null); do
 done
 mkdir -p "$RUN/logs"
 "$HERE/cluster-down.sh" "$NAME" --wipe >> "$RUN/logs/cluster-down-$NAME.log" 2>&1 || rc=1
-rm -rf "$LAB_DIR/state" "$LAB_DIR/hostpath.sock" "$E2E_HOME/run/$NAME-relay.kubeconfig" "$E2E_HOME/run/$NAME-relay.kubeconfig.kustomize"
+rm -rf "$LAB_DIR/state" "$LAB_DIR/hostpath.sock" "$E2E_HOME/run/$NAME-relay.kubeconfig" "$E2E_HOME/run/$NAME-relay-node.kubeconfig" "$E2E_HOME/run/$NAME-relay.kubeconfig.kustomize"
 exit $rc

@@ -67,8 +67,11 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
     // The member relay's node plugin reaches the member through a fault
     // proxy, cut by node-partition.sh's "during" phase.
     let proxies = tokio::runtime::Runtime::new().expect("a runtime for the fault proxy");
-    let member_kubeconfig = e2e_support::env()
-        .map(|e| e.member_kubeconfig)
+    // As the node plugins' own member identity (deploy/member's
+    // csi-relay-member-node) when the environment made one.
+    let member_kubeconfig = std::env::var("RELAY_E2E_MEMBER_RELAY_NODE_KUBECONFIG")
+        .ok()
+        .or_else(|| e2e_support::env().map(|e| e.member_kubeconfig))
         .unwrap_or_default();
     let node_member = proxies.block_on(FaultProxy::to(&server_of(&member_kubeconfig)));
     let files = tempfile::tempdir().expect("temp dir");

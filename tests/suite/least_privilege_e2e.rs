@@ -565,7 +565,10 @@ async fn a_class_lets_claims_land_only_in_the_member_namespaces_it_lists() {
         let mut req = e2e_support::member_create(&env, name, 16 << 20);
         req.parameters.remove("memberNamespace");
         req.parameters.extend([
-            ("csi.storage.k8s.io/pvc/namespace".to_string(), host_ns.to_string()),
+            (
+                "csi.storage.k8s.io/pvc/namespace".to_string(),
+                host_ns.to_string(),
+            ),
             ("csi.storage.k8s.io/pvc/name".to_string(), name.to_string()),
             (
                 "allowedMemberNamespaces".to_string(),
@@ -582,7 +585,8 @@ async fn a_class_lets_claims_land_only_in_the_member_namespaces_it_lists() {
         .expect_err("a claim of host namespace kube-system");
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(
-        err.message().contains("\"kube-system\"") && err.message().contains("allowedMemberNamespaces"),
+        err.message().contains("\"kube-system\"")
+            && err.message().contains("allowedMemberNamespaces"),
         "{err:?}"
     );
     let kube_system: Api<PersistentVolumeClaim> = Api::namespaced(member.clone(), "kube-system");
