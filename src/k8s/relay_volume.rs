@@ -81,6 +81,19 @@ pub struct RelayVolumeSpec {
     /// The controller's record of the volume (JSON), to rebuild its store from.
     #[serde(deserialize_with = "record_text")]
     pub record: String,
+    /// The format of this object: a controller refuses to start on one
+    /// newer than it reads. 1 when absent (written before the field existed).
+    #[serde(default = "first_format")]
+    pub format_version: u32,
+}
+
+/// The RelayVolume format this build writes. Raise it with any change of
+/// `spec` (the record's JSON included) an older build would misread: a
+/// controller that finds a newer one refuses to start before it writes.
+pub const FORMAT: u32 = 1;
+
+fn first_format() -> u32 {
+    1
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -214,6 +227,7 @@ pub fn spec_of(vol: &Volume) -> CsiResult<RelayVolumeSpec> {
         host_pvc,
         record: serde_json::to_string(&controller_record(vol))
             .map_err(|e| CsiError::Internal(format!("encode volume record: {e}")))?,
+        format_version: FORMAT,
     })
 }
 
@@ -629,6 +643,15 @@ pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
                 host.label()
             ))
         })?;
+    // Before anything is restored or written: objects of a newer build
+    // (a rollback) are refused whole, not half-read.
+    if let Some(newer) = list.items.iter().find(|rv| rv.spec.format_version > FORMAT) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "RelayVolume {} is of format {}, newer than the format {FORMAT} this build of csi-relay reads (written by a newer csi-relay): run that version (or newer); this build changed nothing",
+            newer.metadata.name.as_deref().unwrap_or_default(),
+            newer.spec.format_version
+        )));
+    }
     let mut restored = 0;
     let mut mirrored = std::collections::HashMap::with_capacity(list.items.len());
     for item in list.items {

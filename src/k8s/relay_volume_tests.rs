@@ -315,6 +315,44 @@ async fn a_host_without_the_crd_is_told_how_to_install_it() {
     assert!(err.to_string().contains("csi-relay crd"), "{err}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn relay_volumes_of_a_newer_format_stop_the_rebuild_before_anything_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (east, _member_api) = testing::member("east");
+    let (host, mut api) = testing::host();
+    let backend = MemberBackend::new(vec![east], None, "relay.csi.dev");
+    let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
+    let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
+    let item = |vol: &Volume| -> Value {
+        json!({"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolume",
+               "metadata": {"name": vol.id},
+               "spec": serde_json::to_value(spec_of(vol).unwrap()).unwrap()})
+    };
+    let vol = volume();
+    let mut newer = item(&vol);
+    newer["spec"]["formatVersion"] = json!(FORMAT + 1);
+    let (result, ()) = tokio::join!(rebuild(&host, &driver.store), async {
+        api.expect("GET", RV).await.ok(json!({
+            "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList", "metadata": {},
+            "items": [newer]}));
+        // Nothing is written: no request follows the listing.
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&format!("format {}", FORMAT + 1)) && msg.contains(&format!("the format {FORMAT} this build")),
+        "{msg}"
+    );
+    assert!(driver.find_volume(&vol.id).await.unwrap().is_none());
+    // What earlier builds wrote (no formatVersion) is format 1.
+    let mut old = item(&vol);
+    old["spec"].as_object_mut().unwrap().remove("formatVersion");
+    let parsed: RelayVolume = serde_json::from_value(old).unwrap();
+    assert_eq!(parsed.spec.format_version, 1);
+}
+
 #[test]
 fn the_crd_renders_with_its_printer_columns() {
     let yaml = crd_yaml().unwrap();

@@ -30,6 +30,13 @@ const SNAPSHOTS_BY_SOURCE: TableDefinition<&str, ()> = TableDefinition::new("sna
 const GROUPS: TableDefinition<&str, &[u8]> = TableDefinition::new("group_snapshots");
 const GROUP_NAMES: TableDefinition<&str, &str> = TableDefinition::new("group_snapshot_names");
 const COUNTERS: TableDefinition<&str, u64> = TableDefinition::new("counters");
+/// The format of what this build writes to a state directory (the store
+/// and its log), kept under [`STORE_FORMAT_KEY`] in COUNTERS. Raise it with
+/// any change an older build would misread; a build that meets a newer
+/// one refuses to start before it writes anything. Stores made before the
+/// key existed are format 1.
+pub const STORE_FORMAT: u64 = 1;
+const STORE_FORMAT_KEY: &str = "store_format";
 /// Set in COUNTERS once the unfinished index covers every record (stores
 /// written before the index existed are indexed once, at open).
 const UNFINISHED_INDEXED: &str = "index/unfinished_volumes";
@@ -249,6 +256,11 @@ impl Store {
         // Records are small and read by key: a modest page cache keeps the
         // memory of a store of tens of thousands of volumes bounded (the
         // kernel's page cache holds the rest).
+        // A newer build's store is read before it is opened for writing
+        // (which marks the file): what a newer build wrote stays as it was.
+        if let Ok(read_only) = redb::ReadOnlyDatabase::open(dir.join("state.redb")) {
+            check_format(dir, &read_only.begin_read()?)?;
+        }
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             .set_repair_callback(|session| {
@@ -259,6 +271,9 @@ impl Store {
                 }
             })
             .create(dir.join("state.redb"))?;
+        // Again once open for writing: a file that needed repair could not
+        // be read before (the repair is redb's; nothing of ours is written).
+        check_format(dir, &db.begin_read()?)?;
         let txn = db.begin_write()?;
         let tables_before = txn.list_tables()?.count();
         let (wal, changed) = {
@@ -276,6 +291,11 @@ impl Store {
             index::unfinished(&txn)?;
             let (wal, replayed) = replay(&txn, dir)?;
             let mut changed = replayed > 0 || txn.list_tables()?.count() != tables_before;
+            if counter(&txn, STORE_FORMAT_KEY)? != STORE_FORMAT {
+                txn.open_table(COUNTERS)?
+                    .insert(STORE_FORMAT_KEY, STORE_FORMAT)?;
+                changed = true;
+            }
             if counter(&txn, UNFINISHED_INDEXED)? == 0 {
                 index_unfinished(&txn)?;
                 txn.open_table(COUNTERS)?.insert(UNFINISHED_INDEXED, 1)?;
@@ -798,6 +818,23 @@ fn apply(txn: &redb::WriteTransaction, op: &Op, limits: &Limits) -> StoreResult<
             Ok(())
         }
     }
+}
+
+/// Refuses a store whose format is newer than [`STORE_FORMAT`].
+fn check_format(dir: &Path, txn: &redb::ReadTransaction) -> StoreResult<()> {
+    let found = match txn.open_table(COUNTERS) {
+        Ok(t) => t.get(STORE_FORMAT_KEY)?.map_or(0, |v| v.value()),
+        Err(redb::TableError::TableDoesNotExist(_)) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    if found > STORE_FORMAT {
+        return Err(StoreError::NewerFormat {
+            dir: dir.display().to_string(),
+            found,
+            known: STORE_FORMAT,
+        });
+    }
+    Ok(())
 }
 
 /// Opens the log and applies, in `txn`, what it holds past redb's last
@@ -2123,6 +2160,44 @@ mod tests {
             msg.contains("state.wal") && msg.contains("record 1"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_store_of_a_newer_format_is_refused_and_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        store.put_volume(&vol("a", "name-a")).unwrap();
+        store.checkpoint().unwrap();
+        drop(store);
+        {
+            let db = Database::create(dir.path().join("state.redb")).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert_eq!(counter(&txn, STORE_FORMAT_KEY).unwrap(), STORE_FORMAT);
+            txn.open_table(COUNTERS)
+                .unwrap()
+                .insert(STORE_FORMAT_KEY, STORE_FORMAT + 1)
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        let files = |dir: &Path| -> Vec<(String, Vec<u8>)> {
+            let mut v: Vec<_> = std::fs::read_dir(dir)
+                .unwrap()
+                .flatten()
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+                .collect();
+            v.sort();
+            v
+        };
+        let before = files(dir.path());
+        let refused = Store::open(dir.path()).err().expect("a newer format must be refused");
+        let msg = refused.to_string();
+        assert!(
+            msg.contains(&format!("store format {}", STORE_FORMAT + 1))
+                && msg.contains(&format!("the format {STORE_FORMAT} this build"))
+                && msg.contains(&dir.path().display().to_string()),
+            "{msg}"
+        );
+        assert!(before == files(dir.path()), "the refused store was written to");
     }
 
     #[test]

@@ -30,6 +30,16 @@ pub enum StoreError {
     },
     #[error("store worker stopped: {0}")]
     Worker(String),
+    #[error(
+        "state directory {dir} holds store format {found}, newer than the format {known} this build of \
+         csi-relay reads: it was written by a newer csi-relay. Run that version (or newer); this build \
+         changed nothing in it"
+    )]
+    NewerFormat {
+        dir: String,
+        found: u64,
+        known: u64,
+    },
 }
 
 macro_rules! db_err {
