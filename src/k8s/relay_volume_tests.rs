@@ -342,7 +342,8 @@ async fn relay_volumes_of_a_newer_format_stop_the_rebuild_before_anything_is_wri
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     let msg = err.to_string();
     assert!(
-        msg.contains(&format!("format {}", FORMAT + 1)) && msg.contains(&format!("the format {FORMAT} this build")),
+        msg.contains(&format!("format {}", FORMAT + 1))
+            && msg.contains(&format!("the format {FORMAT} this build")),
         "{msg}"
     );
     assert!(driver.find_volume(&vol.id).await.unwrap().is_none());

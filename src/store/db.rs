@@ -2183,13 +2183,20 @@ mod tests {
             let mut v: Vec<_> = std::fs::read_dir(dir)
                 .unwrap()
                 .flatten()
-                .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        std::fs::read(e.path()).unwrap(),
+                    )
+                })
                 .collect();
             v.sort();
             v
         };
         let before = files(dir.path());
-        let refused = Store::open(dir.path()).err().expect("a newer format must be refused");
+        let refused = Store::open(dir.path())
+            .err()
+            .expect("a newer format must be refused");
         let msg = refused.to_string();
         assert!(
             msg.contains(&format!("store format {}", STORE_FORMAT + 1))
@@ -2197,7 +2204,10 @@ mod tests {
                 && msg.contains(&dir.path().display().to_string()),
             "{msg}"
         );
-        assert!(before == files(dir.path()), "the refused store was written to");
+        assert!(
+            before == files(dir.path()),
+            "the refused store was written to"
+        );
     }
 
     #[test]

@@ -35,11 +35,7 @@ pub enum StoreError {
          csi-relay reads: it was written by a newer csi-relay. Run that version (or newer); this build \
          changed nothing in it"
     )]
-    NewerFormat {
-        dir: String,
-        found: u64,
-        known: u64,
-    },
+    NewerFormat { dir: String, found: u64, known: u64 },
 }
 
 macro_rules! db_err {

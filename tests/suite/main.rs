@@ -41,4 +41,5 @@ mod releasable_e2e;
 mod sanity_flows;
 mod snapshots_in_use;
 mod split_e2e;
+mod upgrade_fixtures;
 mod virtual_node_e2e;

@@ -54,6 +54,44 @@ impl Driver {
         Self::start_on("csi.sock", &args).await
     }
 
+    /// A driver on a copy of the state directory `fixture`, as a node
+    /// upgraded in place would find it.
+    pub async fn start_from_state(fixture: &Path, extra: &[&str]) -> Driver {
+        let dir = tempfile::Builder::new()
+            .prefix("csi-relay-test-")
+            .tempdir()
+            .expect("tempdir");
+        let state_dir = dir.path().join("state");
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(fixture)
+            .arg(&state_dir)
+            .status()
+            .expect("cp");
+        assert!(copied.success(), "copy {}", fixture.display());
+        let socket = dir.path().join("csi.sock");
+        let mut args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        args.extend(["--node-id".to_string(), NODE.to_string()]);
+        Self::start_in(dir, state_dir, socket, args).await
+    }
+
+    /// A handle on a driver process the test started (and stops) itself.
+    pub fn attach(
+        dir: tempfile::TempDir,
+        state_dir: PathBuf,
+        socket: PathBuf,
+        channel: Channel,
+    ) -> Driver {
+        Driver {
+            dir,
+            state_dir,
+            socket,
+            extra_args: Vec::new(),
+            child: None,
+            channel,
+        }
+    }
+
     async fn start_in(
         dir: tempfile::TempDir,
         state_dir: PathBuf,
