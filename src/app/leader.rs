@@ -49,6 +49,7 @@ pub async fn lead(
         .map_err(|e| format!("leader Lease {namespace}/{name}: {e}"))?;
     let (mut channel, task) = manager.watch().await;
     tracing::info!(lease = %name, namespace, identity = %me, "waiting to lead");
+    crate::rt::metrics::leader(false);
     while !*channel.borrow_and_update() {
         if channel.changed().await.is_err() {
             return Err(format!(
@@ -57,6 +58,7 @@ pub async fn lead(
         }
     }
     tracing::info!(lease = %name, identity = %me, "holding the leader Lease");
+    crate::rt::metrics::leader(true);
     let watching = channel.clone();
     let guard = tokio::spawn(async move {
         let mut channel = watching;
@@ -66,6 +68,7 @@ pub async fn lead(
                 Err(_) => true,
             };
             if lost {
+                crate::rt::metrics::leader(false);
                 tracing::error!(lease = %name, "lost the leader Lease; exiting so that only the new leader acts");
                 std::process::exit(1);
             }

@@ -65,11 +65,19 @@ impl Cluster {
         what: &str,
         call: impl Future<Output = Result<T, kube::Error>>,
     ) -> KubeResult<T> {
-        match tokio::time::timeout(self.timeout, call).await {
+        let result = match tokio::time::timeout(self.timeout, call).await {
             Err(_) => Err(timed_out(&self.label, what, self.timeout)),
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(classify(&self.label, what, e)),
-        }
+        };
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(KubeError::Api { .. }) => "api_error",
+            Err(KubeError::Unreachable { .. }) => "unreachable",
+            Err(_) => "error",
+        };
+        crate::rt::metrics::kube_request(&self.name, outcome);
+        result
     }
 
     /// Any call: every failure mapped.

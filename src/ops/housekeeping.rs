@@ -130,7 +130,20 @@ pub async fn settle_premade(d: &Driver) -> CsiResult<usize> {
 pub async fn sweep(d: &Driver) -> CsiResult<Report> {
     let mut report = Report::default();
     let grace = d.config.stale_provisioning_after;
-    for vol in d.db(|s| s.unfinished_volumes()).await? {
+    let unfinished = d.db(|s| s.unfinished_volumes()).await?;
+    let (now, _) = now();
+    for (lifecycle, name) in [
+        (Lifecycle::Provisioning, "provisioning"),
+        (Lifecycle::Deleting, "deleting"),
+    ] {
+        let of_kind = unfinished.iter().filter(|v| v.lifecycle == lifecycle);
+        let oldest = of_kind
+            .clone()
+            .map(|v| now.saturating_sub(v.created_unix))
+            .max();
+        crate::rt::metrics::unfinished_volumes(name, of_kind.count(), oldest.unwrap_or(0));
+    }
+    for vol in unfinished {
         let due = vol.lifecycle == Lifecycle::Deleting || stale(vol.created_unix, grace);
         if due {
             sweep_volume(d, vol, Expiry::Stale, &mut report).await;

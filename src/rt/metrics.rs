@@ -1,10 +1,14 @@
 //! The Prometheus metrics: RPCs by method and code and their latency,
-//! housekeeping actions, state store syncs. `/metrics` serves the registry
-//! (`app::metrics_http`).
+//! housekeeping actions, state store syncs, Kubernetes API requests by
+//! cluster and whether each cluster answers, unfinished volumes and the age
+//! of the oldest, and leadership. `/metrics` serves the registry
+//! (`app::metrics_http`); deploy/monitoring's alerts and dashboard use them.
 
 use std::sync::OnceLock;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -12,6 +16,11 @@ pub struct Metrics {
     latency: HistogramVec,
     housekeeping: IntCounterVec,
     store_syncs: IntCounterVec,
+    kube_requests: IntCounterVec,
+    reachable: IntGaugeVec,
+    unfinished: IntGaugeVec,
+    unfinished_oldest: IntGaugeVec,
+    leader: IntGauge,
 }
 
 fn build() -> Result<Metrics, prometheus::Error> {
@@ -43,16 +52,61 @@ fn build() -> Result<Metrics, prometheus::Error> {
         ),
         &["cause"],
     )?;
+    let kube_requests = IntCounterVec::new(
+        Opts::new(
+            "kube_requests_total",
+            "Kubernetes API requests, by cluster (host, or the member's name) and outcome: \
+             ok, api_error (the API server answered with an error), unreachable (no \
+             connection or no answer in time), error (credentials, client)",
+        ),
+        &["cluster", "outcome"],
+    )?;
+    let reachable = IntGaugeVec::new(
+        Opts::new(
+            "cluster_reachable",
+            "1 when the cluster's API server answered the last request, 0 when it was \
+             unreachable",
+        ),
+        &["cluster"],
+    )?;
+    let unfinished = IntGaugeVec::new(
+        Opts::new(
+            "unfinished_volumes",
+            "Volumes whose CreateVolume (provisioning) or DeleteVolume (deleting) has not \
+             finished, at the last housekeeping sweep",
+        ),
+        &["lifecycle"],
+    )?;
+    let unfinished_oldest = IntGaugeVec::new(
+        Opts::new(
+            "unfinished_volume_oldest_seconds",
+            "Age of the oldest such volume at the last housekeeping sweep (0: none)",
+        ),
+        &["lifecycle"],
+    )?;
+    let leader = IntGauge::with_opts(Opts::new(
+        "leader",
+        "1 while this controller holds its leader Lease (--leader-election), 0 while it waits",
+    ))?;
     registry.register(Box::new(calls.clone()))?;
     registry.register(Box::new(latency.clone()))?;
     registry.register(Box::new(housekeeping.clone()))?;
     registry.register(Box::new(store_syncs.clone()))?;
+    registry.register(Box::new(kube_requests.clone()))?;
+    registry.register(Box::new(reachable.clone()))?;
+    registry.register(Box::new(unfinished.clone()))?;
+    registry.register(Box::new(unfinished_oldest.clone()))?;
     Ok(Metrics {
         registry,
         calls,
         latency,
         housekeeping,
         store_syncs,
+        kube_requests,
+        reachable,
+        unfinished,
+        unfinished_oldest,
+        leader,
     })
 }
 
@@ -91,5 +145,42 @@ pub fn rpc_done(method: &'static str, code: &str, elapsed: std::time::Duration) 
         m.latency
             .with_label_values(&[method])
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Counts one Kubernetes API request of `cluster` by its outcome, and
+/// records whether the cluster answered.
+pub fn kube_request(cluster: &str, outcome: &'static str) {
+    if let Some(m) = metrics() {
+        m.kube_requests.with_label_values(&[cluster, outcome]).inc();
+        let answered = match outcome {
+            "ok" | "api_error" => 1,
+            "unreachable" => 0,
+            _ => return,
+        };
+        m.reachable.with_label_values(&[cluster]).set(answered);
+    }
+}
+
+/// The unfinished volumes housekeeping found: how many and the oldest's age
+/// in seconds, for `provisioning` and `deleting`.
+pub fn unfinished_volumes(lifecycle: &'static str, count: usize, oldest_seconds: i64) {
+    if let Some(m) = metrics() {
+        m.unfinished
+            .with_label_values(&[lifecycle])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+        m.unfinished_oldest
+            .with_label_values(&[lifecycle])
+            .set(oldest_seconds.max(0));
+    }
+}
+
+/// Whether this controller leads; registered (so exported) only by a
+/// process that takes part in leader election.
+pub fn leader(leads: bool) {
+    if let Some(m) = metrics() {
+        // Registering twice is refused and harmless: it is there already.
+        let _ = m.registry.register(Box::new(m.leader.clone()));
+        m.leader.set(i64::from(leads));
     }
 }

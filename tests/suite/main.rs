@@ -32,6 +32,7 @@ mod least_privilege_e2e;
 mod lost_member_e2e;
 mod member_e2e;
 mod member_scale_e2e;
+mod monitoring;
 mod node_lifecycle;
 mod node_member;
 mod node_restart;
