@@ -63,6 +63,10 @@ async fn run() -> std::process::ExitCode {
                 std::process::ExitCode::FAILURE
             }
         },
+        Command::Check(args) => {
+            init_logging(LogFormat::Text);
+            std::process::ExitCode::from(csi_relay::app::check::run(&args).await)
+        }
         Command::Serve(args) => {
             init_logging(args.log_format);
             match csi_relay::app::server::serve(args).await {

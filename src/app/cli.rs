@@ -27,6 +27,10 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print the RelayVolume CustomResourceDefinition (YAML) for the host cluster.
     Crd,
+    /// Check an installation: the CRD, this identity's rights, the driver's
+    /// StorageClasses, how host nodes map to members, stuck volumes; one
+    /// line each with its fix. Exit 0: healthy, 1: problems, 2: could not check.
+    Check(crate::app::check::CheckArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -3,6 +3,7 @@
 //!
 //! May import: every other layer.
 
+pub mod check;
 pub mod cli;
 pub mod leader;
 pub mod metrics_http;

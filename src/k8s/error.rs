@@ -66,6 +66,11 @@ fn api_text(label: &str, what: &str, code: u16, reason: &str, message: &str) -> 
 }
 
 impl KubeError {
+    /// No connection, or no answer in time.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, KubeError::Unreachable { .. })
+    }
+
     /// The API server's status code, when it answered with one.
     pub fn status(&self) -> Option<u16> {
         match self {

@@ -1,0 +1,275 @@
+//! This process's rights in each cluster against the permission matrix of
+//! docs/security.md (compiled in): every right the matrix grants the
+//! identity is held (SelfSubjectAccessReview), and nothing beyond it
+//! (SelfSubjectRulesReview in csi-relay's namespace).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+use super::{Clusters, Finding};
+use crate::k8s::cluster::Cluster;
+
+const MATRIX: &str = include_str!("../../../docs/security.md");
+/// Where the kit's namespaced rights live.
+const NAMESPACE: &str = "csi-relay";
+
+/// (apiGroup, resource, verb, name, namespace): one right of the matrix.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Right {
+    pub group: String,
+    pub resource: String,
+    pub verb: String,
+    pub name: String,
+    pub namespace: String,
+}
+
+impl std::fmt::Display for Right {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        write!(f, "{} {}.{}", self.verb, self.resource, group)?;
+        if self.name != "*" {
+            write!(f, " {}", self.name)?;
+        }
+        if self.namespace != "*" {
+            write!(f, " in {}", self.namespace)?;
+        }
+        Ok(())
+    }
+}
+
+/// The rights the matrix grants `identity` in `cluster` (its `yes` rows).
+pub fn granted(identity: &str, cluster: &str) -> Vec<Right> {
+    let Some(begin) = MATRIX.find("<!-- permission-matrix:begin -->") else {
+        return Vec::new();
+    };
+    let end = MATRIX
+        .find("<!-- permission-matrix:end -->")
+        .unwrap_or(MATRIX.len());
+    let mut out = Vec::new();
+    for line in MATRIX[begin..end].lines() {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        if cells.len() != 8 || cells[0] != identity || cells[1] != cluster || cells[7] != "yes" {
+            continue;
+        }
+        let group = if cells[3] == "core" { "" } else { cells[3] };
+        for resource in cells[4].split_whitespace() {
+            for verb in cells[5].split_whitespace() {
+                out.push(Right {
+                    group: group.into(),
+                    resource: resource.into(),
+                    verb: verb.into(),
+                    name: cells[6].into(),
+                    namespace: cells[2].into(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// What every authenticated identity may do anyway.
+fn baseline(group: &str, resource: &str) -> bool {
+    matches!(
+        (group, resource),
+        ("authorization.k8s.io", "selfsubjectaccessreviews")
+            | ("authorization.k8s.io", "selfsubjectrulesreviews")
+            | ("authentication.k8s.io", "selfsubjectreviews")
+    )
+}
+
+async fn holds(cluster: &Cluster, right: &Right) -> Result<bool, String> {
+    let (resource, subresource) = match right.resource.split_once('/') {
+        Some((r, s)) => (r.to_string(), Some(s.to_string())),
+        None => (right.resource.clone(), None),
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(right.group.clone()),
+                resource: Some(resource),
+                subresource,
+                verb: Some(right.verb.clone()),
+                namespace: (right.namespace != "*").then(|| right.namespace.clone()),
+                name: (right.name != "*").then(|| right.name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api = Api::<SelfSubjectAccessReview>::all(cluster.client());
+    cluster
+        .run(
+            "create SelfSubjectAccessReview",
+            api.create(&PostParams::default(), &review),
+        )
+        .await
+        .map(|r| r.status.is_some_and(|s| s.allowed))
+        .map_err(|e| e.to_string())
+}
+
+async fn rules(cluster: &Cluster) -> Result<BTreeSet<(String, String, String, String)>, String> {
+    let review = SelfSubjectRulesReview {
+        spec: SelfSubjectRulesReviewSpec {
+            namespace: Some(NAMESPACE.into()),
+        },
+        ..Default::default()
+    };
+    let api = Api::<SelfSubjectRulesReview>::all(cluster.client());
+    let answer = cluster
+        .run(
+            "create SelfSubjectRulesReview",
+            api.create(&PostParams::default(), &review),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut out = BTreeSet::new();
+    for rule in answer.status.map(|s| s.resource_rules).unwrap_or_default() {
+        let names = rule
+            .resource_names
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| vec!["*".into()]);
+        for g in rule.api_groups.unwrap_or_default() {
+            for r in rule.resources.clone().unwrap_or_default() {
+                for v in &rule.verbs {
+                    for n in &names {
+                        out.insert((g.clone(), r.clone(), v.clone(), n.clone()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// One cluster as one identity of the matrix.
+async fn check_one(cluster: &Cluster, subject: &str, identity: &str, which: &str) -> Vec<Finding> {
+    let wanted = granted(identity, which);
+    let mut missing = Vec::new();
+    for right in &wanted {
+        match holds(cluster, right).await {
+            Ok(true) => {}
+            Ok(false) => missing.push(right.to_string()),
+            Err(e) => return vec![Finding::unchecked("access", subject, e)],
+        }
+    }
+    let mut out = Vec::new();
+    if missing.is_empty() {
+        out.push(Finding::ok(
+            "access",
+            subject,
+            format!(
+                "holds every right docs/security.md gives {identity} ({} checked)",
+                wanted.len()
+            ),
+        ));
+    } else {
+        out.push(Finding::problem(
+            "access",
+            subject,
+            format!("lacks {} right(s) {identity} needs: {}", missing.len(), missing.join(", ")),
+            format!(
+                "apply the kit's RBAC for {identity} ({}), and run check with the relay's own credentials",
+                if which == "host" { "deploy/rbac.yaml" } else { "deploy/member/" }
+            ),
+        ));
+    }
+    let allowed: BTreeSet<(String, String, String, String)> = wanted
+        .iter()
+        .filter(|r| r.namespace == "*" || r.namespace == NAMESPACE)
+        .map(|r| {
+            (
+                r.group.clone(),
+                r.resource.clone(),
+                r.verb.clone(),
+                r.name.clone(),
+            )
+        })
+        .collect();
+    match rules(cluster).await {
+        Ok(held) => {
+            let beyond: Vec<String> = held
+                .difference(&allowed)
+                .filter(|(g, r, _, _)| !baseline(g, r))
+                .map(|(g, r, v, n)| {
+                    Right {
+                        group: g.clone(),
+                        resource: r.clone(),
+                        verb: v.clone(),
+                        name: n.clone(),
+                        namespace: NAMESPACE.into(),
+                    }
+                    .to_string()
+                })
+                .collect();
+            if !beyond.is_empty() {
+                let shown: Vec<&String> = beyond.iter().take(12).collect();
+                out.push(Finding::problem(
+                    "access",
+                    subject,
+                    format!(
+                        "holds {} right(s) beyond what docs/security.md gives {identity}: {shown:?}{}",
+                        beyond.len(),
+                        if beyond.len() > shown.len() { " ..." } else { "" }
+                    ),
+                    "remove the extra bindings of this identity (kubectl get clusterrolebindings,rolebindings -A -o wide), or run check with the relay's own credentials, not an admin's",
+                ));
+            }
+        }
+        Err(e) => out.push(Finding::unchecked("access", subject, e)),
+    }
+    out
+}
+
+pub async fn check(clusters: &Clusters) -> Vec<Finding> {
+    let mut out = check_one(
+        &clusters.host,
+        "host cluster",
+        "csi-relay-controller",
+        "host",
+    )
+    .await;
+    for (name, member) in &clusters.members {
+        let subject = format!("member cluster {name}");
+        match member {
+            Ok(c) => out.extend(check_one(c, &subject, "csi-relay-member", "member").await),
+            Err(e) => out.push(Finding::unchecked("access", subject, e.clone())),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_compiled_in_matrix_gives_each_identity_its_rights() {
+        let host = granted("csi-relay-controller", "host");
+        assert!(host.len() > 50, "{}", host.len());
+        assert!(host
+            .iter()
+            .any(|r| r.resource == "leases" && r.namespace == "csi-relay"));
+        let member = granted("csi-relay-member", "member");
+        assert!(member
+            .iter()
+            .any(|r| r.resource == "persistentvolumeclaims" && r.verb == "delete"));
+        assert!(
+            !member.iter().any(|r| r.resource == "secrets"),
+            "only `yes` rows"
+        );
+        assert_eq!(
+            granted("csi-relay-member-node", "member")[0].to_string(),
+            "get secrets.core node-stage-secret in csi-relay-node-secrets"
+        );
+    }
+}
