@@ -6,6 +6,10 @@
 #      in the member PV's directory; RelayVolume PUBLISHED;
 #   3. the node plugin's csi-relay container killed (SIGKILL through containerd; the kubelet
 #      restarts it): the running pod still reads and writes its volume, and a new PVC + pod works;
+#   3b. `csi-relay check` in the controller's container: exit 0 on this healthy install; then each
+#      kind of problem put in on purpose (an unmapped node, a class whose member class is missing,
+#      a volume whose create fails, an old CRD, a right beyond the matrix, a member claim deleted
+#      under a running pod), each named with exit 1;
 #   4. the user objects deleted: pods gone, host PVs, VolumeAttachments, RelayVolumes and member
 #      PVCs gone, nothing of theirs mounted.
 # Prints PASS/FAIL per step with timings; exit 1 on the first failure.
@@ -110,9 +114,107 @@ ku exec writer-1 -- sh -c 'echo after-restart > /data/after && sync && cat /data
 pass "writer-1 still reads and writes its volume after the node plugin restart (file in the member PV dir too)"
 run_user 2
 
+# ---------- 3b. csi-relay check: healthy, then each kind of problem put in on purpose ----------
+# Run where an operator runs it: in the controller's container, with its own identities.
+relay_check() { # relay_check [ARGS...]: the JSON report in $RUN/logs/check-N.json; returns its exit status
+  CHECKS=$(( ${CHECKS:-0} + 1 ))
+  local rc=0
+  kh -n csi-relay exec deploy/csi-relay-controller -c csi-relay -- /usr/local/bin/csi-relay check \
+    --member "$MEMBER_NAME=/etc/csi-relay/members/$MEMBER_NAME" --output json "$@" > "$RUN/logs/check-$CHECKS.json" || rc=$?
+  return $rc
+}
+finding() { # finding KIND SUBJECT TEXT: the last report has a problem of that kind and subject whose message has TEXT
+  jq -e --arg k "$1" --arg s "$2" --arg t "$3" \
+    '[.findings[] | select(.status == "problem" and .kind == $k and .subject == $s and (.message | contains($t)))] | length > 0' \
+    "$RUN/logs/check-$CHECKS.json" > /dev/null || { cat "$RUN/logs/check-$CHECKS.json"; die "check: no $1 problem for $2 with \"$3\""; }
+}
+planted() { # planted WHAT KIND SUBJECT TEXT [ARGS...]: check exits 1 and names it
+  local what=$1 kind=$2 subject=$3 text=$4 rc=0; shift 4
+  relay_check "$@" || rc=$?
+  [[ $rc == 1 ]] || { cat "$RUN/logs/check-$CHECKS.json"; die "check with $what: exit $rc, want 1"; }
+  finding "$kind" "$subject" "$text"
+  pass "csi-relay check names $what: $(jq -r --arg k "$kind" --arg s "$subject" '[.findings[] | select(.status == "problem" and .kind == $k and .subject == $s)][0] | .message + " | fix: " + .fix' "$RUN/logs/check-$CHECKS.json" | cut -c1-240)"
+}
+lap
+rc=0; relay_check || rc=$?
+[[ $rc == 0 ]] || { cat "$RUN/logs/check-$CHECKS.json"; die "csi-relay check on the healthy install: exit $rc"; }
+pass "csi-relay check on the healthy install (2 pods running): exit 0, $(jq '.findings | length' "$RUN/logs/check-$CHECKS.json") findings, 0 problems, in $(since)"
+kh -n csi-relay exec deploy/csi-relay-controller -c csi-relay -- /usr/local/bin/csi-relay check \
+  --member "$MEMBER_NAME=/etc/csi-relay/members/$MEMBER_NAME" > "$RUN/logs/check-healthy.txt"
+
+# A node where the node plugin registered that maps to no member (kept off the DaemonSet).
+kh apply -f - > /dev/null <<YAML
+apiVersion: v1
+kind: Node
+metadata: { name: kit-unmapped, labels: { type: virtual-kubelet } }
+---
+apiVersion: storage.k8s.io/v1
+kind: CSINode
+metadata: { name: kit-unmapped }
+spec:
+  drivers: [{ name: relay.csi.dev, nodeID: kit-unmapped }]
+YAML
+planted "an unmapped node" node "node kit-unmapped" "maps to no member cluster"
+kh delete csinode kit-unmapped > /dev/null; kh delete node kit-unmapped > /dev/null
+
+# A class whose member class does not exist.
+kh apply -f - > /dev/null <<YAML
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: { name: kit-broken }
+provisioner: relay.csi.dev
+volumeBindingMode: Immediate
+parameters: { member: $MEMBER_NAME, memberStorageClass: no-such-class }
+YAML
+planted "a class whose member class is missing" class "StorageClass kit-broken" 'has no StorageClass "no-such-class"'
+
+# A claim of it: its create fails, and its RelayVolume says why.
+kh apply -f - > /dev/null <<YAML
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: { name: broken, namespace: $USER_NS }
+spec:
+  storageClassName: kit-broken
+  accessModes: [ReadWriteOnce]
+  resources: { requests: { storage: 64Mi } }
+YAML
+waitfor 60 "a RelayVolume with a LAST-ERROR" sh -c \
+  "kubectl --kubeconfig '$HKC' get relayvolumes -o jsonpath='{.items[*].status.lastError}' | grep -q no-such-class"
+BROKEN=$(kh get relayvolumes -o jsonpath='{range .items[?(@.status.lastError)]}{.spec.volumeId}{end}')
+planted "a volume whose create fails" volume "volume $BROKEN" "LAST-ERROR" --stuck-after 0
+finding volume "volume $BROKEN" "PROVISIONING for"
+ku delete pvc broken --wait=true --timeout=60s > /dev/null
+kh delete storageclass kit-broken > /dev/null
+waitfor 60 "the broken claim's RelayVolume gone" sh -c \
+  "[ -z \"\$(kubectl --kubeconfig '$HKC' get relayvolumes -o jsonpath='{.items[?(@.spec.volumeId==\"$BROKEN\")].metadata.name}')\" ]"
+
+# A CRD older than the build: without a field it writes.
+kh get crd relayvolumes.relay.csi.dev -o json \
+  | jq 'del(.spec.versions[0].schema.openAPIV3Schema.properties.spec.properties.formatVersion) | del(.metadata.resourceVersion, .metadata.uid, .metadata.managedFields, .metadata.creationTimestamp, .metadata.generation, .status)' \
+  > "$RUN/logs/old-crd.json"
+kh replace -f "$RUN/logs/old-crd.json" > /dev/null
+planted "an old CRD" crd "relayvolumes.relay.csi.dev" "older than this build"
+kh replace -f "$REPO/deploy/relayvolume-crd.yaml" > /dev/null
+relay_check > /dev/null || true
+jq -e '[.findings[] | select(.kind == "crd" and .status == "ok")] | length == 1' "$RUN/logs/check-$CHECKS.json" > /dev/null \
+  || { cat "$RUN/logs/check-$CHECKS.json"; die "the CRD put back is not ok"; }
+
+# A right beyond the matrix, in the member.
+km create clusterrolebinding kit-extra --clusterrole=view --serviceaccount=csi-relay:csi-relay-member > /dev/null
+planted "a right beyond the matrix" access "member cluster $MEMBER_NAME" "beyond what docs/security.md gives"
+km delete clusterrolebinding kit-extra > /dev/null
+
+# A member claim deleted under a running pod (step 4 needs the member dirs: read them first).
+KIT_MDIRS="$(member_dir 1) $(member_dir 2)"
+GONE=$(ku get pvc data-1 -o jsonpath='{.spec.volumeName}')
+GONE_ID=$(kh get relayvolume -o jsonpath="{.items[?(@.spec.volumeName==\"$GONE\")].spec.volumeId}")
+GONE_PVC=$(kh get relayvolume -o jsonpath="{.items[?(@.spec.volumeName==\"$GONE\")].spec.memberPvc}")
+km -n "${GONE_PVC%%/*}" delete pvc "${GONE_PVC##*/}" --wait=true --timeout=30s > /dev/null
+planted "a member claim deleted under a running pod" volume "volume $GONE_ID" "is gone from member"
+
 # ---------- 4. delete the user's objects ----------
 lap
-mdirs="$(member_dir 1) $(member_dir 2)"
+mdirs=${KIT_MDIRS:-"$(member_dir 1) $(member_dir 2)"}
 pvs=$(ku get pvc -o jsonpath='{.items[*].spec.volumeName}')
 ku delete pods --all --wait=true --timeout=90s > /dev/null
 t_pods=$(since)

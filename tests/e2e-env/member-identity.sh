@@ -59,13 +59,18 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: $NAME
-  cluster: { server: "$server", certificate-authority-data: "$ca" }
+  cluster:
+    server: $server
+    certificate-authority-data: $ca
 users:
 - name: $account
-  user: { token: "$(base64 -d <<< "$token")" }
+  user:
+    token: $(base64 -d <<< "$token")
 contexts:
 - name: $NAME
-  context: { cluster: $NAME, user: $account }
+  context:
+    cluster: $NAME
+    user: $account
 current-context: $NAME
 YAML
     mv "$out.tmp" "$out" )
