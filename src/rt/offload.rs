@@ -12,7 +12,7 @@
 //! mount): it gets a thread of its own, up to the runtime's bound. An own
 //! pool kept here before saved 5-7 MB of peak RSS at 64 clients, could
 //! queue a call behind a hung one, and in throughput won 2 of relay-bench's
-//! 4 figures by more than 5 % and lost the other 2 (README).
+//! 4 figures by more than 5 % and lost the other 2 (docs/behaviour.md).
 
 use std::cell::Cell;
 use std::fmt;

@@ -159,7 +159,7 @@ patches:
   - path: controller-run.yaml
   - path: node-run.yaml
 EOF
-# The kubeletDir knob (README: install on another kubelet root dir).
+# The kubeletDir knob (docs/members.md: install on another kubelet root dir).
 cat > "$RUN/kustomize/kubelet-dir.yaml" <<EOF
 - { op: test, path: /spec/template/spec/volumes/0/name, value: plugin-dir }
 - { op: replace, path: /spec/template/spec/volumes/0/hostPath/path, value: $K/plugins/relay.csi.dev }

@@ -1,5 +1,5 @@
 //! A member cluster lost for good, on real control planes, and the
-//! runbook's way out (README "When things go wrong"). A spare member
+//! runbook's way out (docs/operations.md "When things go wrong"). A spare member
 //! (`tests/e2e-env/spare-member-up.sh`) holds 10 bound volumes of host
 //! claims, 2 of them attached for pods; then its control plane and storage
 //! are deleted. While the relay is not told, a deleted claim's volume stays:

@@ -20,6 +20,7 @@ mod crash_e2e;
 mod crash_under_load;
 mod deploy_kit_e2e;
 mod deploy_manifests;
+mod docs_commands;
 mod foreign_clients;
 mod fuzz_requests;
 mod host_outage_e2e;

@@ -3,7 +3,7 @@
 //! `RELAY_E2E_MEMBER_STORAGE_CLASS` are set (optional:
 //! `RELAY_E2E_MEMBER_NAMESPACE`, default "default"; `RELAY_E2E_HOST_NODE`, the
 //! host node to label and publish to, default the first node); otherwise it
-//! prints "skipped: no clusters". See README "End-to-end tests".
+//! prints "skipped: no clusters". See docs/development.md "End-to-end tests".
 //!
 //! It installs the RelayVolume CRD in the host, maps a host node to a member
 //! node with the topology labels, then drives the calls the sidecars make
