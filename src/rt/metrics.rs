@@ -23,6 +23,19 @@ pub struct Metrics {
     leader: IntGauge,
 }
 
+/// The `action` values of `housekeeping_total`.
+pub const HOUSEKEEPING_ACTIONS: [&str; 9] = [
+    "abandoned_volume",
+    "collected_attachment",
+    "detached_loop",
+    "expired_snapshot",
+    "expired_volume",
+    "finished_snapshot_delete",
+    "finished_volume_delete",
+    "quarantined_record",
+    "reclaimed_data",
+];
+
 fn build() -> Result<Metrics, prometheus::Error> {
     let registry = Registry::new_custom(Some("csi_relay".into()), None)?;
     let calls = IntCounterVec::new(
@@ -88,6 +101,11 @@ fn build() -> Result<Metrics, prometheus::Error> {
         "leader",
         "1 while this controller holds its leader Lease (--leader-election), 0 while it waits",
     ))?;
+    // Every action from the start, at 0: an alert's increase() then counts
+    // the first one too, and a scrape shows what can happen.
+    for action in HOUSEKEEPING_ACTIONS {
+        housekeeping.with_label_values(&[action]);
+    }
     registry.register(Box::new(calls.clone()))?;
     registry.register(Box::new(latency.clone()))?;
     registry.register(Box::new(housekeeping.clone()))?;
@@ -123,8 +141,10 @@ pub fn metrics() -> Option<&'static Metrics> {
         .as_ref()
 }
 
-/// Counts one housekeeping action (see `housekeeping_total`).
+/// Counts one housekeeping action (see `housekeeping_total`), one of
+/// [`HOUSEKEEPING_ACTIONS`].
 pub fn housekeeping(action: &'static str) {
+    debug_assert!(HOUSEKEEPING_ACTIONS.contains(&action), "{action}");
     if let Some(m) = metrics() {
         m.housekeeping.with_label_values(&[action]).inc();
     }
