@@ -140,7 +140,9 @@ lab kl_start relay-attacher "$LAB/logs/relay-attacher.log" "$B/csi-attacher" "${
 lab kl_start relay-resizer "$LAB/logs/relay-resizer.log" "$B/csi-resizer" "${SC[@]}"
 ((SNAP)) && lab kl_start relay-snapshotter "$LAB/logs/relay-snapshotter.log" "$B/csi-snapshotter" "${SC[@]}"
 
-# deploy/csidriver.yaml's spec (attach, pod info, fsGroup File, Persistent + Ephemeral) (+ storageCapacity with CAPACITY=1)
+# deploy/csidriver.yaml's spec (attach, pod info, fsGroup File, Persistent + Ephemeral) (+ storageCapacity with CAPACITY=1).
+# Its spec is immutable: one left by another test with another spec is replaced.
+kh delete csidriver "$DRIVER" --ignore-not-found --wait=true > /dev/null
 cat > "$RUN/manifests/relay-local.yaml" <<YAML
 apiVersion: storage.k8s.io/v1
 kind: CSIDriver

@@ -242,3 +242,105 @@ async fn generate() {
     assert!(status.success());
     eprintln!("fixture written to {}", out.display());
 }
+
+/// Makes `tests/fixtures/relayvolumes-3dbdfe7.json` again: the RelayVolume
+/// objects the build named by RELAY_TEST_BINARY writes in the e2e
+/// environment's host for two member volumes, one grown and published to
+/// a host node mapped to the member node (read by
+/// `k8s::relay_volume_tests`). `RELAY_TEST_BINARY=<3dbdfe7's csi-relay>
+/// RELAY_FIXTURE_OUT=<file> cargo test --test suite
+/// upgrade_fixtures::generate_relay_volumes -- --ignored`, with RELAY_E2E_*.
+#[tokio::test]
+#[ignore]
+async fn generate_relay_volumes() {
+    use csi_relay::k8s::relay_volume::RelayVolume;
+    use kube::api::Api;
+    let out = PathBuf::from(std::env::var("RELAY_FIXTURE_OUT").expect("RELAY_FIXTURE_OUT"));
+    let env = crate::e2e_support::env().expect("RELAY_E2E_*");
+    let (host, _member, host_node) = crate::e2e_support::mapped_clusters(&env).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("csi.sock");
+    let binary = std::env::var("RELAY_TEST_BINARY").expect("RELAY_TEST_BINARY: the released build");
+    let mut child = std::process::Command::new(binary)
+        .args(["serve", "--mode", "controller", "--node-id", "controller", "--backend", "member"])
+        .arg("--member")
+        .arg(format!("e2e={}", env.relay_member_kubeconfig))
+        .arg("--host-kubeconfig")
+        .arg(&env.host_kubeconfig)
+        .arg("--endpoint")
+        .arg(format!("unix://{}", socket.display()))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .spawn()
+        .expect("start the released build");
+    let channel = common::connect(&socket).await;
+    let mut c = csi::controller_client::ControllerClient::new(channel);
+    let mut ids = Vec::new();
+    for (name, bytes) in [("fx-rv-plain", 16 * MIB), ("fx-rv-grown", 16 * MIB)] {
+        let vol = crate::e2e_support::create_until_ok(&c, &env, name, bytes).await;
+        ids.push(vol.volume_id);
+    }
+    crate::e2e_support::until_ok("ControllerExpandVolume", || {
+        let mut c = c.clone();
+        let id = ids[1].clone();
+        async move {
+            c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
+                volume_id: id,
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: 32 * MIB,
+                    limit_bytes: 0,
+                }),
+                volume_capability: Some(req::snw()),
+                ..Default::default()
+            })
+            .await
+        }
+    })
+    .await;
+    crate::e2e_support::until_ok("ControllerPublishVolume", || {
+        let mut c = c.clone();
+        let (id, node) = (ids[1].clone(), host_node.clone());
+        async move {
+            c.controller_publish_volume(csi::ControllerPublishVolumeRequest {
+                volume_id: id,
+                node_id: node,
+                volume_capability: Some(req::snw()),
+                ..Default::default()
+            })
+            .await
+        }
+    })
+    .await;
+    let rvs: Api<RelayVolume> = Api::all(host.clone());
+    let mut objects = Vec::new();
+    for id in &ids {
+        let name = csi_relay::k8s::relay_volume::object_name(id);
+        let rv = crate::e2e_support::eventually("the RelayVolume", std::time::Duration::from_secs(30), || {
+            let (rvs, name) = (rvs.clone(), name.clone());
+            async move { rvs.get(&name).await.ok() }
+        })
+        .await;
+        let mut value = serde_json::to_value(&rv).expect("json");
+        if let Some(meta) = value["metadata"].as_object_mut() {
+            for volatile in ["managedFields", "resourceVersion", "uid", "creationTimestamp", "generation"] {
+                meta.remove(volatile);
+            }
+        }
+        objects.push(value);
+    }
+    std::fs::write(&out, serde_json::to_string_pretty(&objects).expect("json") + "\n").expect("write");
+    // Unwound with the released build, as it made them.
+    let _ = c
+        .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+            volume_id: ids[1].clone(),
+            node_id: host_node.clone(),
+            ..Default::default()
+        })
+        .await;
+    for id in &ids {
+        crate::e2e_support::delete_until_ok(&c, id).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    eprintln!("fixture written to {}", out.display());
+}

@@ -77,13 +77,12 @@ pub async fn install_crd(host: &Client) {
         .expect("install RelayVolume CRD");
 }
 
-/// The host's CSIDriver object for `relay.csi.dev`, as deploy/ installs it.
+/// The host's CSIDriver object for `relay.csi.dev`, as deploy/csidriver.yaml
+/// has it (tests/k8s-e2e installs the same spec: its fields are immutable).
 pub async fn install_csidriver(host: &Client) {
-    let csidriver = serde_json::json!({
-        "apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver",
-        "metadata": {"name": "relay.csi.dev"},
-        "spec": {"attachRequired": true, "podInfoOnMount": true}
-    });
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/csidriver.yaml");
+    let text = std::fs::read_to_string(&path).expect("deploy/csidriver.yaml");
+    let csidriver: serde_json::Value = serde_saphyr::from_str(&text).expect("CSIDriver YAML");
     Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(host.clone())
         .patch(
             "relay.csi.dev",
