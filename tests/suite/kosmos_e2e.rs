@@ -643,6 +643,38 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
     let _ = Api::<Namespace>::all(host.clone())
         .delete(&ns, &DeleteParams::default())
         .await;
+
+    // `csi-relay check` on the Kosmos nodes: what Kosmos wrote on each, and
+    // what the registrar made of it.
+    let report = std::process::Command::new(env!("CARGO_BIN_EXE_csi-relay"))
+        .args([
+            "check",
+            "--output",
+            "json",
+            "--host-kubeconfig",
+            &env.host_kubeconfig,
+        ])
+        .args(["--member", &member1, "--member", &member2])
+        .output()
+        .expect("run csi-relay check");
+    let report: serde_json::Value =
+        serde_json::from_slice(&report.stdout).expect("check's JSON report");
+    for (node, member) in [("kosmos-member1", "member1"), ("kosmos-member2", "member2")] {
+        let finding = report["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|f| f["subject"] == format!("virtual node {node}"))
+            .unwrap_or_else(|| panic!("no finding for {node}: {report}"));
+        assert_eq!(finding["status"], "ok", "{finding}");
+        let message = finding["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains(&format!("kosmos-io/owned-by-cluster says member {member}"))
+                && message.contains("CSINode entry"),
+            "{message}"
+        );
+        println!("figure: kosmos check: virtual node {node}: {message}");
+    }
     drop(running_provisioner);
     drop(relay);
 }

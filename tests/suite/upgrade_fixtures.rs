@@ -262,7 +262,15 @@ async fn generate_relay_volumes() {
     let socket = dir.path().join("csi.sock");
     let binary = std::env::var("RELAY_TEST_BINARY").expect("RELAY_TEST_BINARY: the released build");
     let mut child = std::process::Command::new(binary)
-        .args(["serve", "--mode", "controller", "--node-id", "controller", "--backend", "member"])
+        .args([
+            "serve",
+            "--mode",
+            "controller",
+            "--node-id",
+            "controller",
+            "--backend",
+            "member",
+        ])
         .arg("--member")
         .arg(format!("e2e={}", env.relay_member_kubeconfig))
         .arg("--host-kubeconfig")
@@ -315,20 +323,34 @@ async fn generate_relay_volumes() {
     let mut objects = Vec::new();
     for id in &ids {
         let name = csi_relay::k8s::relay_volume::object_name(id);
-        let rv = crate::e2e_support::eventually("the RelayVolume", std::time::Duration::from_secs(30), || {
-            let (rvs, name) = (rvs.clone(), name.clone());
-            async move { rvs.get(&name).await.ok() }
-        })
+        let rv = crate::e2e_support::eventually(
+            "the RelayVolume",
+            std::time::Duration::from_secs(30),
+            || {
+                let (rvs, name) = (rvs.clone(), name.clone());
+                async move { rvs.get(&name).await.ok() }
+            },
+        )
         .await;
         let mut value = serde_json::to_value(&rv).expect("json");
         if let Some(meta) = value["metadata"].as_object_mut() {
-            for volatile in ["managedFields", "resourceVersion", "uid", "creationTimestamp", "generation"] {
+            for volatile in [
+                "managedFields",
+                "resourceVersion",
+                "uid",
+                "creationTimestamp",
+                "generation",
+            ] {
                 meta.remove(volatile);
             }
         }
         objects.push(value);
     }
-    std::fs::write(&out, serde_json::to_string_pretty(&objects).expect("json") + "\n").expect("write");
+    std::fs::write(
+        &out,
+        serde_json::to_string_pretty(&objects).expect("json") + "\n",
+    )
+    .expect("write");
     // Unwound with the released build, as it made them.
     let _ = c
         .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
