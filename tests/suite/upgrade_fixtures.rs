@@ -245,8 +245,8 @@ async fn generate() {
 
 /// Makes `tests/fixtures/relayvolumes-3dbdfe7.json` again: the RelayVolume
 /// objects the build named by RELAY_TEST_BINARY writes in the e2e
-/// environment's host for two member volumes, one grown and published to
-/// a host node mapped to the member node (read by
+/// environment's host for two member volumes, one published to a host
+/// node mapped to the member node (read by
 /// `k8s::relay_volume_tests`). `RELAY_TEST_BINARY=<3dbdfe7's csi-relay>
 /// RELAY_FIXTURE_OUT=<file> cargo test --test suite
 /// upgrade_fixtures::generate_relay_volumes -- --ignored`, with RELAY_E2E_*.
@@ -257,7 +257,16 @@ async fn generate_relay_volumes() {
     use kube::api::Api;
     let out = PathBuf::from(std::env::var("RELAY_FIXTURE_OUT").expect("RELAY_FIXTURE_OUT"));
     let env = crate::e2e_support::env().expect("RELAY_E2E_*");
-    let (host, _member, host_node) = crate::e2e_support::mapped_clusters(&env).await;
+    let host = crate::e2e_support::client(&env.host_kubeconfig).await;
+    crate::e2e_support::install_crd(&host).await;
+    let host_node = "fx-node".to_string();
+    crate::e2e_support::fake_host_node(
+        &host,
+        &host_node,
+        serde_json::json!({"topology.relay.csi.dev/member": "east",
+                           "topology.relay.csi.dev/member-node": "member-node-1"}),
+    )
+    .await;
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("csi.sock");
     let binary = std::env::var("RELAY_TEST_BINARY").expect("RELAY_TEST_BINARY: the released build");
@@ -272,7 +281,8 @@ async fn generate_relay_volumes() {
             "member",
         ])
         .arg("--member")
-        .arg(format!("e2e={}", env.relay_member_kubeconfig))
+        // Named as the unit tests' mock member is.
+        .arg(format!("east={}", env.relay_member_kubeconfig))
         .arg("--host-kubeconfig")
         .arg(&env.host_kubeconfig)
         .arg("--endpoint")
@@ -284,27 +294,26 @@ async fn generate_relay_volumes() {
     let channel = common::connect(&socket).await;
     let mut c = csi::controller_client::ControllerClient::new(channel);
     let mut ids = Vec::new();
-    for (name, bytes) in [("fx-rv-plain", 16 * MIB), ("fx-rv-grown", 16 * MIB)] {
-        let vol = crate::e2e_support::create_until_ok(&c, &env, name, bytes).await;
+    for (name, bytes) in [("fx-rv-plain", 16 * MIB), ("fx-rv-published", 32 * MIB)] {
+        let vol = crate::e2e_support::until_ok("CreateVolume", || {
+            let mut c = c.clone();
+            let mut req = crate::e2e_support::member_create(&env, name, bytes);
+            req.parameters.insert("member".into(), "east".into());
+            req.parameters.extend([
+                ("csi.storage.k8s.io/pvc/name".to_string(), name.to_string()),
+                (
+                    "csi.storage.k8s.io/pvc/namespace".to_string(),
+                    env.namespace.clone(),
+                ),
+            ]);
+            async move { c.create_volume(req).await }
+        })
+        .await
+        .into_inner()
+        .volume
+        .expect("a volume");
         ids.push(vol.volume_id);
     }
-    crate::e2e_support::until_ok("ControllerExpandVolume", || {
-        let mut c = c.clone();
-        let id = ids[1].clone();
-        async move {
-            c.controller_expand_volume(csi::ControllerExpandVolumeRequest {
-                volume_id: id,
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: 32 * MIB,
-                    limit_bytes: 0,
-                }),
-                volume_capability: Some(req::snw()),
-                ..Default::default()
-            })
-            .await
-        }
-    })
-    .await;
     crate::e2e_support::until_ok("ControllerPublishVolume", || {
         let mut c = c.clone();
         let (id, node) = (ids[1].clone(), host_node.clone());
@@ -344,6 +353,11 @@ async fn generate_relay_volumes() {
                 meta.remove(volatile);
             }
         }
+        // What the build wrote: this host's CRD (this build's) fills in
+        // the default of a field it did not know.
+        if let Some(spec) = value["spec"].as_object_mut() {
+            spec.remove("formatVersion");
+        }
         objects.push(value);
     }
     std::fs::write(
@@ -364,5 +378,8 @@ async fn generate_relay_volumes() {
     }
     let _ = child.kill();
     let _ = child.wait();
+    let _ = Api::<k8s_openapi::api::core::v1::Node>::all(host.clone())
+        .delete(&host_node, &Default::default())
+        .await;
     eprintln!("fixture written to {}", out.display());
 }

@@ -853,3 +853,215 @@ async fn a_failure_note_the_host_does_not_answer_delays_the_answer_by_2_s_at_mos
         "{took:?}"
     );
 }
+
+/// A member cluster as a test plays it for an upgraded controller: the
+/// claims and attachments it holds, answered as an API server would.
+struct PlayedMember {
+    claims: HashMap<String, Value>,
+    attachments: HashMap<String, Value>,
+}
+
+impl PlayedMember {
+    fn answer(&mut self, call: testing::Call) {
+        const PVC_PREFIX: &str = "/api/v1/namespaces/";
+        const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
+        let path = call.path.clone();
+        if let Some(rest) = path.strip_prefix(PVC_PREFIX) {
+            let parts: Vec<&str> = rest.split('/').collect();
+            if let [ns, "persistentvolumeclaims", name] = parts.as_slice() {
+                let key = format!("{ns}/{name}");
+                match call.method.as_str() {
+                    "DELETE" => match self.claims.remove(&key) {
+                        Some(obj) => call.ok(obj),
+                        None => call.not_found(),
+                    },
+                    _ => match self.claims.get(&key) {
+                        Some(obj) => call.ok(obj.clone()),
+                        None => call.not_found(),
+                    },
+                }
+                return;
+            }
+        }
+        if path == VAS {
+            let selector = call
+                .query_map()
+                .get("labelSelector")
+                .map(|s| {
+                    s.replace("%2F", "/")
+                        .replace("%3D", "=")
+                        .replace("%2C", ",")
+                })
+                .unwrap_or_default();
+            let items: Vec<Value> = self
+                .attachments
+                .values()
+                .filter(|va| {
+                    selector.split(',').filter(|s| !s.is_empty()).all(|pair| {
+                        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                        va["metadata"]["labels"][k] == v
+                    })
+                })
+                .cloned()
+                .collect();
+            call.ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+                           "metadata": {}, "items": items}),
+            );
+            return;
+        }
+        if let Some(name) = path.strip_prefix(&format!("{VAS}/")) {
+            match call.method.as_str() {
+                "DELETE" => match self.attachments.remove(name) {
+                    Some(obj) => call.ok(obj),
+                    None => call.not_found(),
+                },
+                _ => match self.attachments.get(name) {
+                    Some(obj) => call.ok(obj.clone()),
+                    None => call.not_found(),
+                },
+            }
+            return;
+        }
+        call.not_found();
+    }
+}
+
+// RelayVolumes written by the build of 2026-11-25 (3dbdfe7;
+// tests/fixtures/relayvolumes-3dbdfe7.json, made by
+// upgrade_fixtures::generate_relay_volumes on the real control planes): a
+// controller of this build whose state directory is gone rebuilds its
+// records from them, serves them (the attachment the old build made, which
+// names no host node, is found through the node's mapping and detached)
+// and deletes them, leaving nothing in the member.
+#[tokio::test(start_paused = true)]
+async fn relay_volumes_of_the_released_build_are_rebuilt_served_and_torn_down() {
+    let fixture: Vec<Value> = serde_json::from_str(include_str!(
+        "../../../tests/fixtures/relayvolumes-3dbdfe7.json"
+    ))
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, host, mut member_api, mut host_api) = testing::controller(tmp.path());
+    let (rebuilt, ()) = tokio::join!(crate::k8s::relay_volume::rebuild(&host, &d.store), async {
+        host_api.expect("GET", RV).await.ok(json!({
+            "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList",
+            "metadata": {}, "items": fixture}));
+    });
+    assert_eq!(rebuilt.unwrap().restored, fixture.len());
+
+    // The member as the old build left it: a claim per volume, and the
+    // attachment of the published one to member-node-1.
+    let mut member = PlayedMember {
+        claims: HashMap::new(),
+        attachments: HashMap::new(),
+    };
+    let mut published = None;
+    for rv in &fixture {
+        let id = rv["spec"]["volumeId"].as_str().unwrap().to_string();
+        let vol = d.find_volume(&id).await.unwrap().expect("restored");
+        assert_eq!(
+            vol.capacity_bytes as i64,
+            rv["spec"]["capacityBytes"].as_i64().unwrap()
+        );
+        let (ns, name) = rv["spec"]["memberPvc"]
+            .as_str()
+            .unwrap()
+            .split_once('/')
+            .unwrap();
+        let uuid = crate::k8s::naming::parse_volume_id(&id)
+            .unwrap()
+            .1
+            .to_string();
+        member.claims.insert(
+            format!("{ns}/{name}"),
+            json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{uuid}"),
+                         "labels": {"app.kubernetes.io/managed-by": "csi-relay",
+                                    "relay.csi.dev/volume-uuid": uuid},
+                         "annotations": {VOLUME_ID_ANNOTATION: id}},
+            "spec": {"volumeName": format!("pv-{uuid}")},
+            "status": {"phase": "Bound"}}),
+        );
+        if let Some(node) = vol.nodes.keys().next() {
+            assert!(
+                vol.nodes[node]
+                    .attachment
+                    .as_ref()
+                    .is_some_and(|a| a.publish_context.is_empty()),
+                "what nodes mount is never taken from a RelayVolume"
+            );
+            let va = crate::k8s::naming::attachment_name(&uuid, "member-node-1");
+            member.attachments.insert(
+                va.clone(),
+                json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment",
+                "metadata": {"name": va, "labels": {"app.kubernetes.io/managed-by": "csi-relay",
+                                                    "relay.csi.dev/volume-uuid": uuid}},
+                "spec": {"attacher": "hostpath.csi.k8s.io", "nodeName": "member-node-1",
+                         "source": {"persistentVolumeName": format!("pv-{uuid}")}},
+                "status": {"attached": true}}),
+            );
+            published = Some((id.clone(), node.clone()));
+        }
+    }
+    let (id, node) = published.expect("the fixture has a published volume");
+    let member = Arc::new(std::sync::Mutex::new(member));
+    let played = member.clone();
+    let _member = tokio::spawn(async move {
+        loop {
+            let call = member_api.next().await;
+            played.lock().unwrap().answer(call);
+        }
+    });
+    let host_node = node.clone();
+    let _host = tokio::spawn(async move {
+        loop {
+            let call = host_api.next().await;
+            if call.method == "GET" && call.path == format!("/api/v1/nodes/{host_node}") {
+                call.ok(json!({"apiVersion": "v1", "kind": "Node",
+                    "metadata": {"name": host_node, "labels": {
+                        TOPOLOGY_MEMBER_KEY: "east", TOPOLOGY_MEMBER_NODE_KEY: "member-node-1"}}}));
+            } else {
+                call.not_found();
+            }
+        }
+    });
+
+    tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        publish::unpublish(
+            &d,
+            csi::ControllerUnpublishVolumeRequest {
+                volume_id: id.clone(),
+                node_id: node,
+                ..Default::default()
+            },
+        ),
+    )
+    .await
+    .expect("unpublish in time")
+    .expect("unpublish what the old build published");
+    for rv in &fixture {
+        provision::delete_volume(
+            &d,
+            csi::DeleteVolumeRequest {
+                volume_id: rv["spec"]["volumeId"].as_str().unwrap().into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("delete what the old build made");
+    }
+    let left = member.lock().unwrap();
+    assert!(
+        left.claims.is_empty() && left.attachments.is_empty(),
+        "left in the member: {:?} {:?}",
+        left.claims.keys(),
+        left.attachments.keys()
+    );
+    for rv in &fixture {
+        let id = rv["spec"]["volumeId"].as_str().unwrap();
+        assert!(d.find_volume(id).await.unwrap().is_none());
+    }
+}
