@@ -1053,13 +1053,15 @@ async fn relay_volumes_of_the_released_build_are_rebuilt_served_and_torn_down() 
         .await
         .expect("delete what the old build made");
     }
-    let left = member.lock().unwrap();
-    assert!(
-        left.claims.is_empty() && left.attachments.is_empty(),
-        "left in the member: {:?} {:?}",
-        left.claims.keys(),
-        left.attachments.keys()
-    );
+    {
+        let left = member.lock().unwrap();
+        assert!(
+            left.claims.is_empty() && left.attachments.is_empty(),
+            "left in the member: {:?} {:?}",
+            left.claims.keys(),
+            left.attachments.keys()
+        );
+    }
     for rv in &fixture {
         let id = rv["spec"]["volumeId"].as_str().unwrap();
         assert!(d.find_volume(id).await.unwrap().is_none());
