@@ -11,7 +11,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
-use super::{Clusters, Finding};
+use super::report::{Clusters, Finding};
 use crate::k8s::cluster::Cluster;
 
 const MATRIX: &str = include_str!("../../../docs/security.md");

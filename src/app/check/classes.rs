@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams};
 
-use super::{Clusters, Finding};
+use super::report::{Clusters, Finding};
 use crate::domain::params::{self, BackingChoice, VolumeParams};
 use crate::k8s::naming;
 

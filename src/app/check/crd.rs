@@ -8,7 +8,7 @@ use kube::api::Api;
 use kube::CustomResourceExt;
 use serde_json::Value;
 
-use super::Finding;
+use super::report::Finding;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::relay_volume::{RelayVolume, FORMAT, VERSION};
 

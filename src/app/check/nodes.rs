@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, ListParams};
 
-use super::{CheckArgs, Clusters, Finding};
+use super::args::CheckArgs;
+use super::report::{Clusters, Finding};
 use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 
 pub async fn check(clusters: &Clusters, args: &CheckArgs) -> Vec<Finding> {

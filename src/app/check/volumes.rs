@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIDriver, VolumeAttachment};
 use kube::api::{Api, ListParams};
 
-use super::{Clusters, Finding};
+use super::report::{Clusters, Finding};
 use crate::domain::topology::TOPOLOGY_MEMBER_NODE_KEY;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming;
