@@ -35,7 +35,7 @@ use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::core::v1::{
     Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
@@ -347,13 +347,8 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
     };
 
     e2e_support::install_crd(&host).await;
-    apply(
-        &Api::<CSIDriver>::all(host.clone()),
-        DRIVER,
-        json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": DRIVER},
-               "spec": {"attachRequired": true, "podInfoOnMount": true}}),
-    )
-    .await;
+    // deploy/csidriver.yaml's (its fields are immutable: every test uses the one spec).
+    e2e_support::install_csidriver(&host).await;
     let classes: Api<StorageClass> = Api::all(host.clone());
     apply(
         &classes,
