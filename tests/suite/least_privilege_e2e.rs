@@ -13,8 +13,9 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use csi_relay::app::check::access::{self, Entry, Listed, Right};
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
+    SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
     SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
@@ -29,71 +30,6 @@ use crate::e2e_support::{self, client};
 
 const NAMESPACE: &str = "csi-relay";
 const NODE_SECRETS_NAMESPACE: &str = "csi-relay-node-secrets";
-
-#[derive(Debug, Clone)]
-struct Row {
-    identity: String,
-    cluster: String,
-    namespace: String,
-    group: String,
-    resources: Vec<String>,
-    verbs: Vec<String>,
-    name: String,
-    may: bool,
-}
-
-/// (apiGroup, resource, verb, name): one right.
-type Atom = (String, String, String, String);
-
-fn matrix() -> Vec<Row> {
-    let doc = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/security.md");
-    let text = std::fs::read_to_string(&doc).expect("docs/security.md");
-    let begin = text
-        .find("<!-- permission-matrix:begin -->")
-        .expect("matrix begin marker");
-    let end = text
-        .find("<!-- permission-matrix:end -->")
-        .expect("matrix end marker");
-    let words = |s: &str| s.split_whitespace().map(str::to_string).collect();
-    let rows: Vec<Row> = text[begin..end]
-        .lines()
-        .filter(|l| l.starts_with("| ") && !l.starts_with("| identity") && !l.starts_with("|---"))
-        .map(|l| {
-            let c: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
-            assert_eq!(c.len(), 8, "matrix row {l:?}");
-            Row {
-                identity: c[0].into(),
-                cluster: c[1].into(),
-                namespace: c[2].into(),
-                group: if c[3] == "core" {
-                    String::new()
-                } else {
-                    c[3].into()
-                },
-                resources: words(c[4]),
-                verbs: words(c[5]),
-                name: c[6].into(),
-                may: match c[7] {
-                    "yes" => true,
-                    "no" => false,
-                    other => panic!("matrix row {l:?}: may is {other:?}"),
-                },
-            }
-        })
-        .collect();
-    assert!(rows.len() >= 30, "{} matrix rows", rows.len());
-    rows
-}
-
-fn atoms(row: &Row) -> Vec<Atom> {
-    let mut out = Vec::new();
-    for r in &row.resources {
-        for v in &row.verbs {
-            out.push((row.group.clone(), r.clone(), v.clone(), row.name.clone()));
-        }
-    }
-    out
-}
 
 /// The namespace of an identity's ServiceAccount: the host's node plugin
 /// lives apart from the controller (deploy/namespace.yaml).
@@ -141,7 +77,7 @@ async fn impersonating(kubeconfig: &str, identity: &str) -> Client {
 }
 
 /// What `identity` may do in `namespace`, as the API server lists it.
-async fn rules(kubeconfig: &str, identity: &str, namespace: &str) -> BTreeSet<Atom> {
+async fn rules(kubeconfig: &str, identity: &str, namespace: &str) -> BTreeSet<Listed> {
     let client = impersonating(kubeconfig, identity).await;
     let review = SelfSubjectRulesReview {
         spec: SelfSubjectRulesReviewSpec {
@@ -159,43 +95,15 @@ async fn rules(kubeconfig: &str, identity: &str, namespace: &str) -> BTreeSet<At
         "rules of {identity} in {namespace} incomplete: {:?}",
         status.evaluation_error
     );
-    let mut set = BTreeSet::new();
-    for rule in status.resource_rules {
-        let names = rule
-            .resource_names
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| vec!["*".into()]);
-        for g in rule.api_groups.unwrap_or_default() {
-            for r in rule.resources.clone().unwrap_or_default() {
-                for v in &rule.verbs {
-                    for n in &names {
-                        set.insert((g.clone(), r.clone(), v.clone(), n.clone()));
-                    }
-                }
-            }
-        }
-    }
-    set
+    access::listed(status.resource_rules)
 }
 
-async fn allowed(admin: &Client, identity: &str, row: &Row, resource: &str, verb: &str) -> bool {
-    let (resource, subresource) = match resource.split_once('/') {
-        Some((r, s)) => (r.to_string(), Some(s.to_string())),
-        None => (resource.to_string(), None),
-    };
+async fn allowed(admin: &Client, identity: &str, right: &Right) -> bool {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(user(identity)),
             groups: Some(groups(home(identity))),
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(row.group.clone()),
-                resource: Some(resource),
-                subresource,
-                verb: Some(verb.into()),
-                namespace: (row.namespace != "*").then(|| row.namespace.clone()),
-                name: (row.name != "*").then(|| row.name.clone()),
-                ..Default::default()
-            }),
+            resource_attributes: Some(right.attributes()),
             ..Default::default()
         },
         ..Default::default()
@@ -285,18 +193,17 @@ async fn each_identity_holds_exactly_the_rights_of_the_permission_matrix() {
     )
     .unwrap();
 
-    let rows = matrix();
+    let entries = access::matrix().expect("docs/security.md's matrix");
     let mut failures = Vec::new();
-    let mut checked = 0;
     for (cluster, kubeconfig, admin) in [
         ("host", &env.host_kubeconfig, &host),
         ("member", &env.member_kubeconfig, &member),
     ] {
-        let here: Vec<&Row> = rows.iter().filter(|r| r.cluster == cluster).collect();
-        let identities: BTreeSet<&str> = here.iter().map(|r| r.identity.as_str()).collect();
+        let here: Vec<&Entry> = entries.iter().filter(|e| e.cluster == cluster).collect();
+        let identities: BTreeSet<&str> = here.iter().map(|e| e.identity.as_str()).collect();
         let mut spaces: BTreeSet<&str> = here
             .iter()
-            .map(|r| r.namespace.as_str())
+            .map(|e| e.right.namespace.as_str())
             .filter(|n| *n != "*")
             .collect();
         spaces.insert("default");
@@ -304,16 +211,16 @@ async fn each_identity_holds_exactly_the_rights_of_the_permission_matrix() {
         for namespace in &spaces {
             for identity in &identities {
                 let baseline = rules(kubeconfig, &bare(identity), namespace).await;
-                let holds: BTreeSet<Atom> = rules(kubeconfig, identity, namespace)
+                let holds: BTreeSet<Listed> = rules(kubeconfig, identity, namespace)
                     .await
                     .difference(&baseline)
                     .cloned()
                     .collect();
-                let want: BTreeSet<Atom> = here
+                let want: BTreeSet<Listed> = here
                     .iter()
-                    .filter(|r| r.identity == *identity && r.may)
-                    .filter(|r| r.namespace == "*" || r.namespace == *namespace)
-                    .flat_map(|r| atoms(r))
+                    .filter(|e| e.identity == *identity && e.may)
+                    .filter(|e| e.right.namespace == "*" || e.right.namespace == *namespace)
+                    .map(|e| e.right.key())
                     .collect();
                 for extra in holds.difference(&want) {
                     failures.push(format!(
@@ -327,22 +234,20 @@ async fn each_identity_holds_exactly_the_rights_of_the_permission_matrix() {
                 }
             }
         }
-        for row in &here {
-            for (_, resource, verb, _) in atoms(row) {
-                checked += 1;
-                let is = allowed(admin, &row.identity, row, &resource, &verb).await;
-                if is != row.may {
-                    failures.push(format!(
-                        "{cluster}: {} {verb} {resource} (group {:?}, namespace {}, name {}): allowed={is}, the matrix says {}",
-                        row.identity, row.group, row.namespace, row.name, row.may
-                    ));
-                }
+        for e in &here {
+            let is = allowed(admin, &e.identity, &e.right).await;
+            if is != e.may {
+                failures.push(format!(
+                    "{cluster}: {} {}: allowed={is}, the matrix says {}",
+                    e.identity, e.right, e.may
+                ));
             }
         }
     }
     eprintln!(
-        "permission matrix: {} rows, {checked} access reviews, rules compared for 4 identities",
-        rows.len()
+        "permission matrix: {} rights ({} denied), an access review each, rules compared for 4 identities",
+        entries.len(),
+        entries.iter().filter(|e| !e.may).count()
     );
     let _ = namespaces
         .delete(NODE_SECRETS_NAMESPACE, &DeleteParams::default())

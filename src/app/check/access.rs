@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    ResourceAttributes, ResourceRule, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
     SelfSubjectRulesReview, SelfSubjectRulesReviewSpec,
 };
 use kube::api::{Api, PostParams};
@@ -46,30 +46,117 @@ impl std::fmt::Display for Right {
     }
 }
 
-/// The rights the matrix grants `identity` in `cluster` (its `yes` rows).
-pub fn granted(identity: &str, cluster: &str) -> Vec<Right> {
-    let Some(begin) = MATRIX.find("<!-- permission-matrix:begin -->") else {
-        return Vec::new();
-    };
+impl Right {
+    /// (apiGroup, resource, verb, name): how a rules review lists it.
+    pub fn key(&self) -> Listed {
+        (
+            self.group.clone(),
+            self.resource.clone(),
+            self.verb.clone(),
+            self.name.clone(),
+        )
+    }
+
+    /// The attributes an access review of this right asks about.
+    pub fn attributes(&self) -> ResourceAttributes {
+        let (resource, subresource) = match self.resource.split_once('/') {
+            Some((r, s)) => (r.to_string(), Some(s.to_string())),
+            None => (self.resource.clone(), None),
+        };
+        ResourceAttributes {
+            group: Some(self.group.clone()),
+            resource: Some(resource),
+            subresource,
+            verb: Some(self.verb.clone()),
+            namespace: (self.namespace != "*").then(|| self.namespace.clone()),
+            name: (self.name != "*").then(|| self.name.clone()),
+            ..Default::default()
+        }
+    }
+}
+
+/// (apiGroup, resource, verb, name).
+pub type Listed = (String, String, String, String);
+
+/// One right a row of the matrix names, held (`may`) or not.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub identity: String,
+    pub cluster: String,
+    pub may: bool,
+    pub right: Right,
+}
+
+/// Every right the matrix of docs/security.md names: an entry per
+/// resource and verb of each row. A malformed row is an error naming it.
+pub fn matrix() -> Result<Vec<Entry>, String> {
+    let begin = MATRIX
+        .find("<!-- permission-matrix:begin -->")
+        .ok_or("docs/security.md has no permission-matrix:begin marker")?;
     let end = MATRIX
         .find("<!-- permission-matrix:end -->")
-        .unwrap_or(MATRIX.len());
+        .ok_or("docs/security.md has no permission-matrix:end marker")?;
     let mut out = Vec::new();
     for line in MATRIX[begin..end].lines() {
-        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
-        if cells.len() != 8 || cells[0] != identity || cells[1] != cluster || cells[7] != "yes" {
+        if !line.starts_with("| ") || line.starts_with("| identity") {
             continue;
         }
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let may = match cells.get(7) {
+            Some(&"yes") if cells.len() == 8 => true,
+            Some(&"no") if cells.len() == 8 => false,
+            _ => {
+                return Err(format!(
+                    "permission matrix row {line:?}: want 8 cells ending in yes or no"
+                ))
+            }
+        };
         let group = if cells[3] == "core" { "" } else { cells[3] };
         for resource in cells[4].split_whitespace() {
             for verb in cells[5].split_whitespace() {
-                out.push(Right {
-                    group: group.into(),
-                    resource: resource.into(),
-                    verb: verb.into(),
-                    name: cells[6].into(),
-                    namespace: cells[2].into(),
+                out.push(Entry {
+                    identity: cells[0].into(),
+                    cluster: cells[1].into(),
+                    may,
+                    right: Right {
+                        group: group.into(),
+                        resource: resource.into(),
+                        verb: verb.into(),
+                        name: cells[6].into(),
+                        namespace: cells[2].into(),
+                    },
                 });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The rights the matrix grants `identity` in `cluster` (its `yes` rows).
+pub fn granted(identity: &str, cluster: &str) -> Vec<Right> {
+    matrix()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.may && e.identity == identity && e.cluster == cluster)
+        .map(|e| e.right)
+        .collect()
+}
+
+/// The rights a rules review lists, one per group, resource, verb and name.
+pub fn listed(rules: Vec<ResourceRule>) -> BTreeSet<Listed> {
+    let mut out = BTreeSet::new();
+    for rule in rules {
+        let names = rule
+            .resource_names
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| vec!["*".into()]);
+        for g in rule.api_groups.unwrap_or_default() {
+            for r in rule.resources.clone().unwrap_or_default() {
+                for v in &rule.verbs {
+                    for n in &names {
+                        out.insert((g.clone(), r.clone(), v.clone(), n.clone()));
+                    }
+                }
             }
         }
     }
@@ -87,21 +174,9 @@ fn baseline(group: &str, resource: &str) -> bool {
 }
 
 async fn holds(cluster: &Cluster, right: &Right) -> Result<bool, String> {
-    let (resource, subresource) = match right.resource.split_once('/') {
-        Some((r, s)) => (r.to_string(), Some(s.to_string())),
-        None => (right.resource.clone(), None),
-    };
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(right.group.clone()),
-                resource: Some(resource),
-                subresource,
-                verb: Some(right.verb.clone()),
-                namespace: (right.namespace != "*").then(|| right.namespace.clone()),
-                name: (right.name != "*").then(|| right.name.clone()),
-                ..Default::default()
-            }),
+            resource_attributes: Some(right.attributes()),
             ..Default::default()
         },
         ..Default::default()
@@ -117,7 +192,7 @@ async fn holds(cluster: &Cluster, right: &Right) -> Result<bool, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn rules(cluster: &Cluster) -> Result<BTreeSet<(String, String, String, String)>, String> {
+async fn rules(cluster: &Cluster) -> Result<BTreeSet<Listed>, String> {
     let review = SelfSubjectRulesReview {
         spec: SelfSubjectRulesReviewSpec {
             namespace: Some(NAMESPACE.into()),
@@ -132,23 +207,9 @@ async fn rules(cluster: &Cluster) -> Result<BTreeSet<(String, String, String, St
         )
         .await
         .map_err(|e| e.to_string())?;
-    let mut out = BTreeSet::new();
-    for rule in answer.status.map(|s| s.resource_rules).unwrap_or_default() {
-        let names = rule
-            .resource_names
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| vec!["*".into()]);
-        for g in rule.api_groups.unwrap_or_default() {
-            for r in rule.resources.clone().unwrap_or_default() {
-                for v in &rule.verbs {
-                    for n in &names {
-                        out.insert((g.clone(), r.clone(), v.clone(), n.clone()));
-                    }
-                }
-            }
-        }
-    }
-    Ok(out)
+    Ok(listed(
+        answer.status.map(|s| s.resource_rules).unwrap_or_default(),
+    ))
 }
 
 /// One cluster as one identity of the matrix.
@@ -183,17 +244,10 @@ async fn check_one(cluster: &Cluster, subject: &str, identity: &str, which: &str
             ),
         ));
     }
-    let allowed: BTreeSet<(String, String, String, String)> = wanted
+    let allowed: BTreeSet<Listed> = wanted
         .iter()
         .filter(|r| r.namespace == "*" || r.namespace == NAMESPACE)
-        .map(|r| {
-            (
-                r.group.clone(),
-                r.resource.clone(),
-                r.verb.clone(),
-                r.name.clone(),
-            )
-        })
+        .map(Right::key)
         .collect();
     match rules(cluster).await {
         Ok(held) => {
@@ -254,6 +308,11 @@ mod tests {
 
     #[test]
     fn the_compiled_in_matrix_gives_each_identity_its_rights() {
+        let all = matrix().expect("every row well formed");
+        assert!(
+            all.iter().any(|e| !e.may),
+            "rows the identities may not hold"
+        );
         let host = granted("csi-relay-controller", "host");
         assert!(host.len() > 50, "{}", host.len());
         assert!(host

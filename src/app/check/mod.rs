@@ -7,7 +7,7 @@
 //! no problem; 1: problems; 2: could not check (a cluster unreachable, a
 //! listing refused).
 
-mod access;
+pub mod access;
 mod args;
 mod classes;
 mod crd;
@@ -19,6 +19,9 @@ use serde::Serialize;
 
 pub use args::{CheckArgs, Output};
 pub use report::{Clusters, Finding, Status};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
 
 use crate::k8s::connect;
 
@@ -95,10 +98,19 @@ async fn check(args: &CheckArgs) -> Result<Vec<Finding>, String> {
     for m in &args.members {
         members.push((m.name.clone(), connect::connect_member(m).await));
     }
+    let host_nodes = host
+        .run(
+            "list Nodes",
+            Api::<Node>::all(host.client()).list(&ListParams::default()),
+        )
+        .await
+        .map(|l| l.items)
+        .map_err(|e| e.to_string());
     let clusters = Clusters {
         host,
         members,
         lost: args.lost_members.clone(),
+        host_nodes,
     };
     let mut findings = Vec::new();
     findings.extend(crd::check(&clusters.host).await);
