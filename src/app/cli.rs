@@ -207,7 +207,7 @@ pub enum LogFormat {
     Json,
 }
 
-fn parse_member_name(name: &str) -> Result<String, String> {
+pub(crate) fn parse_member_name(name: &str) -> Result<String, String> {
     crate::k8s::naming::check_member_name(name)?;
     Ok(name.to_string())
 }

@@ -15,23 +15,16 @@ use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 
 pub async fn check(clusters: &Clusters, args: &CheckArgs) -> Vec<Finding> {
     let host = &clusters.host;
-    let nodes = host
-        .run(
-            "list Nodes",
-            Api::<Node>::all(host.client()).list(&ListParams::default()),
-        )
-        .await;
     let csinodes = host
         .run(
             "list CSINodes",
             Api::<CSINode>::all(host.client()).list(&ListParams::default()),
         )
         .await;
-    let (nodes, csinodes) = match (nodes, csinodes) {
-        (Ok(n), Ok(c)) => (n.items, c.items),
-        (Err(e), _) | (_, Err(e)) => {
-            return vec![Finding::unchecked("node", "host cluster", e.to_string())]
-        }
+    let (nodes, csinodes) = match (&clusters.host_nodes, csinodes) {
+        (Ok(n), Ok(c)) => (n, c.items),
+        (Err(e), _) => return vec![Finding::unchecked("node", "host cluster", e.clone())],
+        (_, Err(e)) => return vec![Finding::unchecked("node", "host cluster", e.to_string())],
     };
     // Nodes whose CSINode lists the driver: its node plugin (or the
     // registrar, for a virtual node) registered there.
@@ -43,7 +36,7 @@ pub async fn check(clusters: &Clusters, args: &CheckArgs) -> Vec<Finding> {
         })
         .collect();
     let mut out = Vec::new();
-    for node in &nodes {
+    for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
         let labels = node.metadata.labels.clone().unwrap_or_default();
         let has_driver = registered.get(&name).copied().unwrap_or(false);

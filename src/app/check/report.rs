@@ -80,6 +80,9 @@ pub struct Clusters {
     /// Each configured member, or why it could not be connected to.
     pub members: Vec<(String, Result<Cluster, String>)>,
     pub lost: Vec<String>,
+    /// The host's Nodes, listed once for the checks that read them (or why
+    /// they could not be).
+    pub host_nodes: Result<Vec<k8s_openapi::api::core::v1::Node>, String>,
 }
 
 impl Clusters {

@@ -29,20 +29,15 @@ pub async fn check(clusters: &Clusters, stuck_after: u64) -> Vec<Finding> {
         Ok(None) => return Vec::new(), // no CRD: crd's line says so
         Err(e) => return vec![Finding::unchecked("volume", "host cluster", e.to_string())],
     };
-    let nodes: HashMap<String, Node> = match host
-        .run(
-            "list Nodes",
-            Api::<Node>::all(host.client()).list(&ListParams::default()),
-        )
-        .await
-    {
-        Ok(l) => l
-            .items
-            .into_iter()
-            .map(|n| (n.metadata.name.clone().unwrap_or_default(), n))
+    let nodes: HashMap<&str, &Node> = match &clusters.host_nodes {
+        Ok(list) => list
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n)))
             .collect(),
-        Err(e) => return vec![Finding::unchecked("volume", "host cluster", e.to_string())],
+        Err(e) => return vec![Finding::unchecked("volume", "host cluster", e.clone())],
     };
+    // Whether a member's CSI driver needs attaching: read once per driver.
+    let mut attaches: HashMap<(String, String), bool> = HashMap::new();
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut out = Vec::new();
     let mut released = 0;
@@ -98,7 +93,7 @@ pub async fn check(clusters: &Clusters, stuck_after: u64) -> Vec<Finding> {
                 continue;
             }
         };
-        match member_side(cluster, rv, pvc, &status, &nodes).await {
+        match member_side(cluster, rv, pvc, &status, &nodes, &mut attaches).await {
             Ok(found) => out.extend(
                 found
                     .into_iter()
@@ -123,7 +118,8 @@ async fn member_side(
     rv: &RelayVolume,
     pvc: &str,
     status: &crate::k8s::relay_volume::RelayVolumeStatus,
-    nodes: &HashMap<String, Node>,
+    nodes: &HashMap<&str, &Node>,
+    attaches: &mut HashMap<(String, String), bool>,
 ) -> Result<Vec<(String, String)>, String> {
     let member = cluster.name();
     let (namespace, name) = pvc.split_once('/').unwrap_or(("default", pvc));
@@ -160,10 +156,27 @@ async fn member_side(
     let Some(uuid) = naming::parse_volume_id(&rv.spec.volume_id).map(|(_, u)| u.to_string()) else {
         return Ok(Vec::new());
     };
-    // Does the member PV's driver need attaching at all?
-    let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+    // The host nodes it is attached to that stand for one member node: the
+    // relay made a member attachment for each (a virtual node's comes from
+    // the member itself).
+    let expected: Vec<(&str, String)> = status
+        .nodes
+        .iter()
+        .flatten()
+        .filter(|e| e.attached == Some(true) && !e.node.contains('/'))
+        .filter_map(|e| {
+            let labels = nodes.get(e.node.as_str())?.metadata.labels.as_ref()?;
+            Some((
+                e.node.as_str(),
+                labels.get(TOPOLOGY_MEMBER_NODE_KEY)?.clone(),
+            ))
+        })
+        .collect();
+    let pv_name = claim.spec.as_ref().and_then(|s| s.volume_name.clone());
+    let (false, Some(pv_name)) = (expected.is_empty(), pv_name) else {
         return Ok(Vec::new());
     };
+    // Only if the member PV's driver needs attaching at all.
     let pvs: Api<PersistentVolume> = Api::all(cluster.client());
     let driver = cluster
         .fetch(
@@ -176,33 +189,27 @@ async fn member_side(
     let Some(driver) = driver else {
         return Ok(Vec::new());
     };
-    let drivers: Api<CSIDriver> = Api::all(cluster.client());
-    let attaches = cluster
-        .fetch(&format!("get CSIDriver {driver}"), drivers.get(&driver))
-        .await
-        .map_err(|e| e.to_string())?
-        .and_then(|d| d.spec.attach_required)
-        .unwrap_or(true);
-    if !attaches {
+    let key = (member.to_string(), driver.clone());
+    let needs = match attaches.get(&key) {
+        Some(known) => *known,
+        None => {
+            let drivers: Api<CSIDriver> = Api::all(cluster.client());
+            let needs = cluster
+                .fetch(&format!("get CSIDriver {driver}"), drivers.get(&driver))
+                .await
+                .map_err(|e| e.to_string())?
+                .and_then(|d| d.spec.attach_required)
+                .unwrap_or(true);
+            attaches.insert(key, needs);
+            needs
+        }
+    };
+    if !needs {
         return Ok(Vec::new());
     }
     let vas: Api<VolumeAttachment> = Api::all(cluster.client());
     let mut out = Vec::new();
-    for entry in status.nodes.iter().flatten() {
-        if entry.attached != Some(true) || entry.node.contains('/') {
-            continue;
-        }
-        // Only host nodes that stand for one member node get a member
-        // attachment from the relay (a virtual node's comes from the member).
-        let Some(member_node) = nodes.get(&entry.node).and_then(|n| {
-            n.metadata
-                .labels
-                .as_ref()?
-                .get(TOPOLOGY_MEMBER_NODE_KEY)
-                .cloned()
-        }) else {
-            continue;
-        };
+    for (host_node, member_node) in expected {
         let va = naming::attachment_name(&uuid, &member_node);
         let found = cluster
             .fetch(&format!("get VolumeAttachment {va}"), vas.get(&va))
@@ -210,7 +217,7 @@ async fn member_side(
             .map_err(|e| e.to_string())?;
         if found.is_none() {
             out.push((
-                format!("attached to host node {} but member {member} has no VolumeAttachment {va} to its node {member_node}: the node cannot stage it", entry.node),
+                format!("attached to host node {host_node} but member {member} has no VolumeAttachment {va} to its node {member_node}: the node cannot stage it"),
                 "the attacher's next ControllerPublishVolume makes it again; if the pod is gone, delete the host VolumeAttachment".into(),
             ));
         }
