@@ -253,14 +253,21 @@ fn pair(a: &str, b: &str) -> String {
 
 impl Store {
     pub fn open(dir: &Path) -> StoreResult<Self> {
+        // A newer build's store is read before it is opened for writing
+        // (which marks the file): what a newer build wrote stays as it was.
+        // A file that was not closed cleanly cannot be opened read-only; it
+        // is read once open for writing (redb's repair is its own, nothing
+        // of ours is written before).
+        let checked = match redb::ReadOnlyDatabase::open(dir.join("state.redb")) {
+            Ok(read_only) => {
+                check_format(dir, &read_only.begin_read()?)?;
+                true
+            }
+            Err(_) => false,
+        };
         // Records are small and read by key: a modest page cache keeps the
         // memory of a store of tens of thousands of volumes bounded (the
         // kernel's page cache holds the rest).
-        // A newer build's store is read before it is opened for writing
-        // (which marks the file): what a newer build wrote stays as it was.
-        if let Ok(read_only) = redb::ReadOnlyDatabase::open(dir.join("state.redb")) {
-            check_format(dir, &read_only.begin_read()?)?;
-        }
         let db = Database::builder()
             .set_cache_size(CACHE_BYTES)
             .set_repair_callback(|session| {
@@ -271,9 +278,9 @@ impl Store {
                 }
             })
             .create(dir.join("state.redb"))?;
-        // Again once open for writing: a file that needed repair could not
-        // be read before (the repair is redb's; nothing of ours is written).
-        check_format(dir, &db.begin_read()?)?;
+        if !checked {
+            check_format(dir, &db.begin_read()?)?;
+        }
         let txn = db.begin_write()?;
         let tables_before = txn.list_tables()?.count();
         let (wal, changed) = {
@@ -2207,6 +2214,42 @@ mod tests {
         assert!(
             before == files(dir.path()),
             "the refused store was written to"
+        );
+    }
+
+    #[test]
+    fn a_store_of_a_newer_format_left_by_a_crash_is_refused_too() {
+        // A copy of the file taken while a newer build had it open is what
+        // a crash leaves: not closed cleanly, so not readable before redb
+        // repairs it.
+        let open = tempfile::tempdir().unwrap();
+        let crashed = tempfile::tempdir().unwrap();
+        drop(Store::open(open.path()).unwrap());
+        let db = Database::create(open.path().join("state.redb")).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(COUNTERS)
+            .unwrap()
+            .insert(STORE_FORMAT_KEY, STORE_FORMAT + 1)
+            .unwrap();
+        txn.commit().unwrap();
+        std::fs::copy(
+            open.path().join("state.redb"),
+            crashed.path().join("state.redb"),
+        )
+        .unwrap();
+        drop(db);
+        assert!(
+            redb::ReadOnlyDatabase::open(crashed.path().join("state.redb")).is_err(),
+            "the copy must stand for a file that needs repair"
+        );
+        let refused = Store::open(crashed.path())
+            .err()
+            .expect("a newer format must be refused");
+        assert!(
+            refused
+                .to_string()
+                .contains(&format!("store format {}", STORE_FORMAT + 1)),
+            "{refused}"
         );
     }
 
