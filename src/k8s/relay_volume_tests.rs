@@ -212,6 +212,13 @@ async fn standalone_writes_node_state_too_and_an_unreachable_host_costs_a_bounde
     assert_eq!(started.elapsed(), OBSERVER_TIMEOUT);
 }
 
+/// The RelayVolume this build writes for `vol`, as a listing returns it.
+fn item(vol: &Volume) -> Value {
+    json!({"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolume",
+           "metadata": {"name": vol.id},
+           "spec": serde_json::to_value(spec_of(vol).unwrap()).unwrap()})
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -233,11 +240,6 @@ async fn a_controller_without_its_store_rebuilds_it_from_relay_volumes() {
     };
     driver.put_volume(&unlisted).await.unwrap();
 
-    let item = |vol: &Volume| -> Value {
-        json!({"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolume",
-               "metadata": {"name": vol.id},
-               "spec": serde_json::to_value(spec_of(vol).unwrap()).unwrap()})
-    };
     let lost = volume();
     // Records of volumes deleted while their member was declared lost: by
     // their phase, or by their label alone.
@@ -318,16 +320,7 @@ async fn a_host_without_the_crd_is_told_how_to_install_it() {
 #[tokio::test(start_paused = true)]
 async fn relay_volumes_of_a_newer_format_stop_the_rebuild_before_anything_is_written() {
     let tmp = tempfile::tempdir().unwrap();
-    let (east, _member_api) = testing::member("east");
-    let (host, mut api) = testing::host();
-    let backend = MemberBackend::new(vec![east], None, "relay.csi.dev");
-    let config = DriverConfig::for_tests(tmp.path(), "ctrl", u64::MAX);
-    let driver = Driver::new(config, Store::open(tmp.path()).unwrap(), Arc::new(backend));
-    let item = |vol: &Volume| -> Value {
-        json!({"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolume",
-               "metadata": {"name": vol.id},
-               "spec": serde_json::to_value(spec_of(vol).unwrap()).unwrap()})
-    };
+    let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
     let vol = volume();
     let mut newer = item(&vol);
     newer["spec"]["formatVersion"] = json!(FORMAT + 1);

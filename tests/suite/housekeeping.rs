@@ -51,15 +51,7 @@ fn entries(dir: &Path) -> BTreeSet<String> {
 }
 
 async fn listed(d: &Driver) -> BTreeSet<String> {
-    d.controller()
-        .list_volumes(csi::ListVolumesRequest::default())
-        .await
-        .expect("ListVolumes")
-        .into_inner()
-        .entries
-        .into_iter()
-        .filter_map(|e| e.volume.map(|v| v.volume_id))
-        .collect()
+    d.volumes().await.into_iter().map(|v| v.volume_id).collect()
 }
 
 async fn until(what: &str, mut done: impl FnMut() -> bool) {

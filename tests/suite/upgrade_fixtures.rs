@@ -37,18 +37,6 @@ fn vol(id: &str, cap: csi::VolumeCapability, staging: PathBuf) -> Vol {
     }
 }
 
-async fn volumes(d: &Driver) -> Vec<csi::Volume> {
-    d.controller()
-        .list_volumes(csi::ListVolumesRequest::default())
-        .await
-        .expect("ListVolumes")
-        .into_inner()
-        .entries
-        .into_iter()
-        .filter_map(|e| e.volume)
-        .collect()
-}
-
 /// Stages and publishes `v` at `target` (a directory, or a file for block).
 async fn use_volume(d: &Driver, v: &mut Vol, target: &Path, block: bool) {
     node_support::controller_publish(d, v, false).await;
@@ -82,7 +70,7 @@ async fn a_state_directory_of_the_released_build_is_read_served_and_torn_down() 
         return common::skip(&why);
     }
     let d = Driver::start_from_state(&fixture(), &[]).await;
-    let listed = volumes(&d).await;
+    let listed = d.volumes().await;
     assert_eq!(listed.len(), 2, "{listed:?}");
     let by_size = |bytes: i64| {
         listed
@@ -162,7 +150,7 @@ async fn a_state_directory_of_the_released_build_is_read_served_and_torn_down() 
     for id in [&dir_id, &blk_id, &restored.volume_id] {
         node_support::delete_volume(&d, id).await;
     }
-    assert!(volumes(&d).await.is_empty());
+    assert!(d.volumes().await.is_empty());
     let left = node_support::leftovers(d.dir.path());
     assert!(left.is_empty(), "left behind: {left:?}");
 }

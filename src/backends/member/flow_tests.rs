@@ -662,6 +662,56 @@ async fn a_refused_create_shows_why_and_goes_with_its_claim() {
     assert_eq!(report.abandoned_volumes, 1, "{report:?}");
 }
 
+const LOST_ID: &str = "m-west-0123456789abcdef0123456789abcdef";
+
+/// A controller mirroring its RelayVolumes, member "west" declared lost, and
+/// west's volume `LOST_ID` (claim shop/data) attached to host-1 in its store
+/// (`with_attachment`: block, single-node writer).
+async fn with_lost_west_volume(dir: &std::path::Path) -> (Driver, MockApi, MockApi) {
+    use crate::domain::volume::{sample, with_attachment, Backing};
+    let (d, host, member, host_api) = testing::controller_losing(dir, &["west"]);
+    let writer = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
+    let d = d.with_mirror(Arc::new(crate::k8s::mirror::RelayMirror::new(
+        writer,
+        crate::grpc::status::code_name,
+    )));
+    let mut vol = with_attachment(sample(LOST_ID, "pvc-w"), "host-1");
+    vol.backing = Backing::Member {
+        member: "west".into(),
+        namespace: "shop".into(),
+        pvc: "data".into(),
+        selected_node: None,
+    };
+    d.db(move |s| s.put_volume(&vol)).await.unwrap();
+    (d, member, host_api)
+}
+
+/// The whole RelayVolume of `LOST_ID` the API server answers a status
+/// apply of `body` with.
+fn lost_whole(body: &Value) -> Value {
+    let mut whole = body.clone();
+    whole["spec"] = json!({"volumeId": LOST_ID, "volumeName": "pvc-w",
+                           "capacityBytes": 100, "record": "{}"});
+    whole
+}
+
+/// ControllerPublishVolume of `id` to `node`, as attached by
+/// `with_attachment` (block, single-node writer).
+fn block_publish(id: &str, node: &str) -> csi::ControllerPublishVolumeRequest {
+    use csi::volume_capability::{access_mode::Mode as M, AccessMode, AccessType, BlockVolume};
+    csi::ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node.into(),
+        volume_capability: Some(csi::VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: M::SingleNodeWriter as i32,
+            }),
+            access_type: Some(AccessType::Block(BlockVolume {})),
+        }),
+        ..Default::default()
+    }
+}
+
 // A member declared lost for good (`--lost-member west`): its volume's
 // attachment and the volume itself are released without a word to any
 // member, every other call on it is refused naming the flag, and its
@@ -669,65 +719,27 @@ async fn a_refused_create_shows_why_and_goes_with_its_claim() {
 // the member claim named, the label that finds it.
 #[tokio::test(start_paused = true)]
 async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_record() {
-    use crate::domain::volume::{sample, with_attachment, Backing};
     let tmp = tempfile::tempdir().unwrap();
-    let (d, writer, member, mut host) = {
-        let (d, host, member, host_api) = testing::controller_losing(tmp.path(), &["west"]);
-        let writer = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
-        (d, writer, member, host_api)
-    };
-    let d = d.with_mirror(Arc::new(crate::k8s::mirror::RelayMirror::new(
-        writer,
-        crate::grpc::status::code_name,
-    )));
-    let id = "m-west-0123456789abcdef0123456789abcdef";
-    let mut vol = with_attachment(sample(id, "pvc-w"), "host-1");
-    vol.backing = Backing::Member {
-        member: "west".into(),
-        namespace: "shop".into(),
-        pvc: "data".into(),
-        selected_node: None,
-    };
-    let stored = vol.clone();
-    d.db(move |s| s.put_volume(&stored)).await.unwrap();
+    let (d, member, mut host) = with_lost_west_volume(tmp.path()).await;
+    let id = LOST_ID;
 
-    let (refused, ()) = tokio::join!(
-        publish::publish(
-            &d,
-            csi::ControllerPublishVolumeRequest {
-                volume_id: id.into(),
-                node_id: "host-1".into(),
-                volume_capability: Some(csi::VolumeCapability {
-                    access_mode: Some(csi::volume_capability::AccessMode {
-                        mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-                    }),
-                    access_type: Some(csi::volume_capability::AccessType::Block(
-                        csi::volume_capability::BlockVolume {},
-                    )),
-                }),
-                ..Default::default()
-            }
-        ),
-        async {
-            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+    let (refused, ()) = tokio::join!(publish::publish(&d, block_publish(id, "host-1")), async {
+        host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
                 "apiVersion": "v1", "kind": "Node", "metadata": {"name": "host-1"}}));
-            // The refusal, shown where users look (LAST-ERROR).
-            let noted = host.next().await;
-            assert!(noted.path.ends_with("/status"), "{}", noted.path);
-            let last = noted.body["status"]["lastError"]
-                .as_str()
-                .unwrap_or_default();
-            assert!(
-                last.starts_with("ControllerPublishVolume: FailedPrecondition: ")
-                    && last.contains("--lost-member west"),
-                "{last}"
-            );
-            let mut whole = noted.body.clone();
-            whole["spec"] = json!({"volumeId": id, "volumeName": "pvc-w",
-                                   "capacityBytes": 100, "record": "{}"});
-            noted.ok(whole);
-        }
-    );
+        // The refusal, shown where users look (LAST-ERROR).
+        let noted = host.next().await;
+        assert!(noted.path.ends_with("/status"), "{}", noted.path);
+        let last = noted.body["status"]["lastError"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            last.starts_with("ControllerPublishVolume: FailedPrecondition: ")
+                && last.contains("--lost-member west"),
+            "{last}"
+        );
+        let whole = lost_whole(&noted.body);
+        noted.ok(whole);
+    });
     let err = refused.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     assert!(err.to_string().contains("--lost-member west"), "{err}");
@@ -747,9 +759,7 @@ async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_recor
             let cleared = host.next().await;
             assert!(cleared.path.ends_with("/status"), "{}", cleared.path);
             assert!(cleared.body["status"].get("lastError").is_none());
-            let mut whole = cleared.body.clone();
-            whole["spec"] = json!({"volumeId": id, "volumeName": "pvc-w",
-                                   "capacityBytes": 100, "record": "{}"});
+            let whole = lost_whole(&cleared.body);
             cleared.ok(whole);
         }
     );
@@ -776,9 +786,7 @@ async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_recor
                 "{why}"
             );
             // The API server answers with the whole object.
-            let mut whole = status.body.clone();
-            whole["spec"] = json!({"volumeId": id, "volumeName": "pvc-w",
-                                   "capacityBytes": 100, "record": "{}"});
+            let mut whole = lost_whole(&status.body);
             status.ok(whole.clone());
             let label = host.next().await;
             assert!(!label.path.ends_with("/status"), "{}", label.path);
@@ -802,50 +810,17 @@ async fn a_lost_members_volume_is_released_and_its_relayvolume_kept_as_the_recor
 // client's 10 s one.
 #[tokio::test(start_paused = true)]
 async fn a_failure_note_the_host_does_not_answer_delays_the_answer_by_2_s_at_most() {
-    use crate::domain::volume::{sample, with_attachment, Backing};
     let tmp = tempfile::tempdir().unwrap();
-    let (d, host_cluster, _member, mut host) = testing::controller_losing(tmp.path(), &["west"]);
-    let writer = RelayVolumeObserver::new(host_cluster, Role::for_mode(Mode::Controller, "ctrl"));
-    let d = d.with_mirror(Arc::new(crate::k8s::mirror::RelayMirror::new(
-        writer,
-        crate::grpc::status::code_name,
-    )));
-    let id = "m-west-0123456789abcdef0123456789abcdef";
-    let mut vol = with_attachment(sample(id, "pvc-w"), "host-1");
-    vol.backing = Backing::Member {
-        member: "west".into(),
-        namespace: "shop".into(),
-        pvc: "data".into(),
-        selected_node: None,
-    };
-    d.db(move |s| s.put_volume(&vol)).await.unwrap();
+    let (d, _member, mut host) = with_lost_west_volume(tmp.path()).await;
+    let id = LOST_ID;
     let started = tokio::time::Instant::now();
-    let (refused, _held) = tokio::join!(
-        publish::publish(
-            &d,
-            csi::ControllerPublishVolumeRequest {
-                volume_id: id.into(),
-                node_id: "host-1".into(),
-                // As attached (with_attachment: block, single-node writer).
-                volume_capability: Some(csi::VolumeCapability {
-                    access_mode: Some(csi::volume_capability::AccessMode {
-                        mode: csi::volume_capability::access_mode::Mode::SingleNodeWriter as i32,
-                    }),
-                    access_type: Some(csi::volume_capability::AccessType::Block(
-                        csi::volume_capability::BlockVolume {},
-                    )),
-                }),
-                ..Default::default()
-            }
-        ),
-        async {
-            host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
+    let (refused, _held) = tokio::join!(publish::publish(&d, block_publish(id, "host-1")), async {
+        host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
                 "apiVersion": "v1", "kind": "Node", "metadata": {"name": "host-1"}}));
-            let noted = host.next().await;
-            assert!(noted.path.ends_with("/status"), "{}", noted.path);
-            noted.hang()
-        }
-    );
+        let noted = host.next().await;
+        assert!(noted.path.ends_with("/status"), "{}", noted.path);
+        noted.hang()
+    });
     assert_eq!(refused.unwrap_err().code(), Code::FailedPrecondition);
     let took = started.elapsed();
     assert!(

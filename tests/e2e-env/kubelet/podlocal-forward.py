@@ -50,16 +50,16 @@ def pump(src, dst):
         src.close()
 
 
-def connect(port, ns_fd):
-    """A connection to 127.0.0.1:port, made from inside ns_fd when given."""
+def in_netns(ns_fd, make):
+    """make() run in a thread of its own inside ns_fd (when given): a socket it
+    creates lives in that namespace, and no other thread moves."""
     result = {}
 
     def run():
         try:
             if ns_fd is not None:
                 enter(ns_fd)
-            result["sock"] = socket.create_connection(("127.0.0.1", port), timeout=10)
-            result["sock"].settimeout(None)
+            result["sock"] = make()
         except OSError as e:
             result["error"] = e
 
@@ -69,6 +69,15 @@ def connect(port, ns_fd):
     if "error" in result:
         raise result["error"]
     return result["sock"]
+
+
+def connect(port, ns_fd):
+    """A connection to 127.0.0.1:port, made from inside ns_fd when given."""
+    def make():
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.settimeout(None)
+        return s
+    return in_netns(ns_fd, make)
 
 
 def serve(listener, port, ns_fd):
@@ -86,28 +95,16 @@ def serve(listener, port, ns_fd):
 
 def listen(port, ns_fd):
     """A listener on 127.0.0.1:port, bound inside ns_fd when given."""
-    result = {}
-
-    def run():
-        try:
-            if ns_fd is not None:
-                enter(ns_fd)
-                # containerd brings the pod's loopback up; not necessarily before this runs.
-                os.system("ip link set lo up 2>/dev/null")
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", port))
-            s.listen(64)
-            result["sock"] = s
-        except OSError as e:
-            result["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in result:
-        raise result["error"]
-    return result["sock"]
+    def make():
+        if ns_fd is not None:
+            # containerd brings the pod's loopback up; not necessarily before this runs.
+            os.system("ip link set lo up 2>/dev/null")
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen(64)
+        return s
+    return in_netns(ns_fd, make)
 
 
 def ports(arg):

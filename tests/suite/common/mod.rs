@@ -33,10 +33,7 @@ impl Driver {
     /// Like `start`, listening on `socket` (relative to the test's temp dir,
     /// e.g. `plugins/<driver>/csi.sock` to stand in kubelet's plugins dir).
     pub async fn start_on(socket: &str, extra: &[&str]) -> Driver {
-        let dir = tempfile::Builder::new()
-            .prefix("csi-relay-test-")
-            .tempdir()
-            .expect("tempdir");
+        let dir = test_dir();
         let state_dir = dir.path().join("state");
         let socket = dir.path().join(socket);
         std::fs::create_dir_all(socket.parent().expect("socket dir")).expect("create socket dir");
@@ -57,10 +54,7 @@ impl Driver {
     /// A driver on a copy of the state directory `fixture`, as a node
     /// upgraded in place would find it.
     pub async fn start_from_state(fixture: &Path, extra: &[&str]) -> Driver {
-        let dir = tempfile::Builder::new()
-            .prefix("csi-relay-test-")
-            .tempdir()
-            .expect("tempdir");
+        let dir = test_dir();
         let state_dir = dir.path().join("state");
         let copied = Command::new("cp")
             .arg("-a")
@@ -194,6 +188,19 @@ impl Driver {
         GroupControllerClient::new(self.channel.clone())
     }
 
+    /// Every volume ListVolumes reports (one page: the tests' few).
+    pub async fn volumes(&self) -> Vec<csi_relay::csi::Volume> {
+        self.controller()
+            .list_volumes(csi_relay::csi::ListVolumesRequest::default())
+            .await
+            .expect("ListVolumes")
+            .into_inner()
+            .entries
+            .into_iter()
+            .filter_map(|e| e.volume)
+            .collect()
+    }
+
     /// Everything the driver logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("driver.log")).unwrap_or_default()
@@ -209,6 +216,14 @@ impl Drop for Driver {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A driver's own temp dir (state, socket, log), gone with the test.
+fn test_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("csi-relay-test-")
+        .tempdir()
+        .expect("tempdir")
 }
 
 fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
