@@ -140,9 +140,8 @@ lab kl_start relay-attacher "$LAB/logs/relay-attacher.log" "$B/csi-attacher" "${
 lab kl_start relay-resizer "$LAB/logs/relay-resizer.log" "$B/csi-resizer" "${SC[@]}"
 ((SNAP)) && lab kl_start relay-snapshotter "$LAB/logs/relay-snapshotter.log" "$B/csi-snapshotter" "${SC[@]}"
 
-# deploy/csidriver.yaml's spec (attach, pod info, fsGroup File, Persistent + Ephemeral) (+ storageCapacity with CAPACITY=1).
-# Its spec is immutable: one left by another test with another spec is replaced.
-kh delete csidriver "$DRIVER" --ignore-not-found --wait=true > /dev/null
+# deploy/csidriver.yaml's spec (attach, pod info, fsGroup File, Persistent + Ephemeral) (+ storageCapacity with CAPACITY=1):
+# the spec every e2e test installs (e2e_support::install_csidriver), since most of it is immutable.
 cat > "$RUN/manifests/relay-local.yaml" <<YAML
 apiVersion: storage.k8s.io/v1
 kind: CSIDriver

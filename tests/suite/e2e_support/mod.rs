@@ -83,31 +83,14 @@ pub async fn install_csidriver(host: &Client) {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/csidriver.yaml");
     let text = std::fs::read_to_string(&path).expect("deploy/csidriver.yaml");
     let csidriver: serde_json::Value = serde_saphyr::from_str(&text).expect("CSIDriver YAML");
-    let api = Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(host.clone());
-    let params = PatchParams::apply("csi-relay-e2e").force();
-    let patch = Patch::Apply(&csidriver);
-    match api.patch("relay.csi.dev", &params, &patch).await {
-        Ok(_) => {}
-        // One of another spec (an earlier run's): its fields are immutable.
-        Err(kube::Error::Api(s)) if s.code == 422 => {
-            let _ = api.delete("relay.csi.dev", &Default::default()).await;
-            eventually("the old CSIDriver to go", Duration::from_secs(30), || {
-                let api = api.clone();
-                async move {
-                    api.get_opt("relay.csi.dev")
-                        .await
-                        .ok()?
-                        .is_none()
-                        .then_some(())
-                }
-            })
-            .await;
-            api.patch("relay.csi.dev", &params, &patch)
-                .await
-                .expect("CSIDriver");
-        }
-        Err(e) => panic!("CSIDriver: {e}"),
-    }
+    Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(host.clone())
+        .patch(
+            "relay.csi.dev",
+            &PatchParams::apply("csi-relay-e2e").force(),
+            &Patch::Apply(&csidriver),
+        )
+        .await
+        .expect("CSIDriver");
 }
 
 /// A host Node with no kubelet behind it: attach/detach by the controller,
