@@ -15,6 +15,7 @@ mod common;
 mod e2e_support;
 mod node_support;
 
+mod check_cli;
 mod controller;
 mod crash_e2e;
 mod crash_under_load;
