@@ -125,24 +125,34 @@ pub async fn settle_premade(d: &Driver) -> CsiResult<usize> {
     Ok(placed)
 }
 
+/// Of the unfinished volumes at `now` (unix seconds): how many creates, the
+/// oldest create's age in seconds (0: none), how many deletes. A delete has
+/// no age: its record holds when the volume was created, not when its
+/// deletion began.
+fn unfinished_figures(unfinished: &[Volume], now: i64) -> (usize, i64, usize) {
+    let creating = unfinished
+        .iter()
+        .filter(|v| v.lifecycle == Lifecycle::Provisioning);
+    let oldest = creating
+        .clone()
+        .map(|v| now.saturating_sub(v.created_unix))
+        .max()
+        .unwrap_or(0);
+    let deleting = unfinished
+        .iter()
+        .filter(|v| v.lifecycle == Lifecycle::Deleting)
+        .count();
+    (creating.count(), oldest, deleting)
+}
+
 /// Runs one sweep. Errors on single entries are logged and left for the
 /// next round; only a failing store read ends the sweep early.
 pub async fn sweep(d: &Driver) -> CsiResult<Report> {
     let mut report = Report::default();
     let grace = d.config.stale_provisioning_after;
     let unfinished = d.db(|s| s.unfinished_volumes()).await?;
-    let (now, _) = now();
-    for (lifecycle, name) in [
-        (Lifecycle::Provisioning, "provisioning"),
-        (Lifecycle::Deleting, "deleting"),
-    ] {
-        let of_kind = unfinished.iter().filter(|v| v.lifecycle == lifecycle);
-        let oldest = of_kind
-            .clone()
-            .map(|v| now.saturating_sub(v.created_unix))
-            .max();
-        crate::rt::metrics::unfinished_volumes(name, of_kind.count(), oldest.unwrap_or(0));
-    }
+    let (creating, oldest, deleting) = unfinished_figures(&unfinished, now().0);
+    crate::rt::metrics::unfinished_volumes(creating, oldest, deleting);
     for vol in unfinished {
         let due = vol.lifecycle == Lifecycle::Deleting || stale(vol.created_unix, grace);
         if due {
@@ -440,4 +450,27 @@ pub fn spawn(d: Driver, interval: Duration) -> tokio::task::JoinHandle<()> {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delete_of_an_old_volume_is_counted_but_gives_no_age() {
+        use crate::domain::volume::sample;
+        let at = |id: &str, lifecycle, created_unix| Volume {
+            lifecycle,
+            created_unix,
+            ..sample(id, id)
+        };
+        let unfinished = [
+            at("a", Lifecycle::Provisioning, 1_000),
+            at("b", Lifecycle::Provisioning, 1_900),
+            // Created a year before its deletion began.
+            at("c", Lifecycle::Deleting, 1_000 - 365 * 86_400),
+        ];
+        assert_eq!(unfinished_figures(&unfinished, 2_000), (2, 1_000, 1));
+        assert_eq!(unfinished_figures(&[], 2_000), (0, 0, 0));
+    }
 }

@@ -1,7 +1,7 @@
 //! The Prometheus metrics: RPCs by method and code and their latency,
 //! housekeeping actions, state store syncs, Kubernetes API requests by
 //! cluster and whether each cluster answers, unfinished volumes and the age
-//! of the oldest, and leadership. `/metrics` serves the registry
+//! of the oldest create, and leadership. `/metrics` serves the registry
 //! (`app::metrics_http`); deploy/monitoring's alerts and dashboard use them.
 
 use std::sync::OnceLock;
@@ -19,7 +19,7 @@ pub struct Metrics {
     kube_requests: IntCounterVec,
     reachable: IntGaugeVec,
     unfinished: IntGaugeVec,
-    unfinished_oldest: IntGaugeVec,
+    provisioning_oldest: IntGauge,
     leader: IntGauge,
 }
 
@@ -90,13 +90,13 @@ fn build() -> Result<Metrics, prometheus::Error> {
         ),
         &["lifecycle"],
     )?;
-    let unfinished_oldest = IntGaugeVec::new(
-        Opts::new(
-            "unfinished_volume_oldest_seconds",
-            "Age of the oldest such volume at the last housekeeping sweep (0: none)",
-        ),
-        &["lifecycle"],
-    )?;
+    // Only a create's age is known: a record holds when its volume was
+    // created, not when its deletion began.
+    let provisioning_oldest = IntGauge::with_opts(Opts::new(
+        "provisioning_volume_oldest_seconds",
+        "Age of the oldest volume whose CreateVolume has not finished, at the last \
+         housekeeping sweep (0: none)",
+    ))?;
     let leader = IntGauge::with_opts(Opts::new(
         "leader",
         "1 while this controller holds its leader Lease (--leader-election), 0 while it waits",
@@ -113,7 +113,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(kube_requests.clone()))?;
     registry.register(Box::new(reachable.clone()))?;
     registry.register(Box::new(unfinished.clone()))?;
-    registry.register(Box::new(unfinished_oldest.clone()))?;
+    registry.register(Box::new(provisioning_oldest.clone()))?;
     Ok(Metrics {
         registry,
         calls,
@@ -123,7 +123,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         kube_requests,
         reachable,
         unfinished,
-        unfinished_oldest,
+        provisioning_oldest,
         leader,
     })
 }
@@ -182,16 +182,18 @@ pub fn kube_request(cluster: &str, outcome: &'static str) {
     }
 }
 
-/// The unfinished volumes housekeeping found: how many and the oldest's age
-/// in seconds, for `provisioning` and `deleting`.
-pub fn unfinished_volumes(lifecycle: &'static str, count: usize, oldest_seconds: i64) {
+/// The unfinished volumes housekeeping found: how many creates and
+/// deletes, and the oldest create's age in seconds (0: none).
+pub fn unfinished_volumes(provisioning: usize, oldest_provisioning: i64, deleting: usize) {
     if let Some(m) = metrics() {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         m.unfinished
-            .with_label_values(&[lifecycle])
-            .set(i64::try_from(count).unwrap_or(i64::MAX));
-        m.unfinished_oldest
-            .with_label_values(&[lifecycle])
-            .set(oldest_seconds.max(0));
+            .with_label_values(&["provisioning"])
+            .set(count(provisioning));
+        m.unfinished
+            .with_label_values(&["deleting"])
+            .set(count(deleting));
+        m.provisioning_oldest.set(oldest_provisioning.max(0));
     }
 }
 
