@@ -68,7 +68,6 @@ pub async fn lead(
                 Err(_) => true,
             };
             if lost {
-                crate::rt::metrics::leader(false);
                 tracing::error!(lease = %name, "lost the leader Lease; exiting so that only the new leader acts");
                 std::process::exit(1);
             }
