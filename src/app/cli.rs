@@ -118,7 +118,7 @@ pub struct ServeArgs {
     /// RelayVolume kept as the record of that (phase RELEASED, label
     /// relay.csi.dev/released-from=NAME); every other call on them is
     /// refused. A member that is merely unreachable is never treated so.
-    #[arg(long = "lost-member", value_name = "NAME", value_parser = parse_member_name)]
+    #[arg(long = "lost-member", value_name = "NAME", value_parser = crate::k8s::naming::parse_member_name)]
     pub lost_members: Vec<String>,
 
     /// Kubeconfig of the host cluster, where the member backend keeps its
@@ -205,9 +205,4 @@ pub struct ServeArgs {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-pub(crate) fn parse_member_name(name: &str) -> Result<String, String> {
-    crate::k8s::naming::check_member_name(name)?;
-    Ok(name.to_string())
 }

@@ -64,6 +64,13 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// [`check_member_name`] as a command-line value parser: the flags that
+/// name a member (`--lost-member`) take it.
+pub fn parse_member_name(name: &str) -> Result<String, String> {
+    check_member_name(name)?;
+    Ok(name.to_string())
+}
+
 /// 64-bit FNV-1a: a stable (across builds and releases) short digest.
 pub fn fnv64(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {

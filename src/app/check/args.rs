@@ -24,7 +24,7 @@ pub struct CheckArgs {
     pub members: Vec<MemberArg>,
 
     /// A member declared lost for good, as `serve` takes it (repeatable).
-    #[arg(long = "lost-member", value_name = "NAME", value_parser = crate::app::cli::parse_member_name)]
+    #[arg(long = "lost-member", value_name = "NAME", value_parser = crate::k8s::naming::parse_member_name)]
     pub lost_members: Vec<String>,
 
     /// The CSI driver name whose StorageClasses and nodes are checked.
