@@ -1,6 +1,7 @@
 //! Load generator: the full lifecycle a pod makes a driver go through
 //! (CreateVolume, ControllerPublish, NodeStage, NodePublish and back down,
-//! 1 MiB directory volumes) over the real socket, at several client counts
+//! volumes of `--size` with `--backing`: the driver's default block file
+//! with ext4, or a directory) over the real socket, at several client counts
 //! and with few and many existing volumes. It prints lifecycles/s, per-call
 //! p50/p99 and the driver's RSS. It starts the `csi-relay` binary built
 //! next to it on a private socket and state dir (root: it mounts).
@@ -34,6 +35,14 @@ struct Args {
     /// Lifecycles measured at each point (spread over the clients).
     #[arg(long, default_value_t = 400)]
     lifecycles: usize,
+    /// The StorageClass parameter `backing` of the lifecycles' volumes:
+    /// `block` (a file on a loop device, ext4 made at the first stage: the
+    /// driver's default) or `directory`. Other drivers (--endpoint) get none.
+    #[arg(long, default_value = "block")]
+    backing: String,
+    /// Size of the lifecycles' volumes.
+    #[arg(long, default_value_t = 1 << 20)]
+    size: i64,
     /// Instead: time snapshot, restore and clone of a sparse block volume.
     #[arg(long)]
     snapshots: bool,
@@ -73,11 +82,13 @@ async fn snapshots(
         access_type: Some(volume_capability::AccessType::Block(Default::default())),
         ..cap()
     };
-    let mut req = create_req("snap-src".into());
-    req.capacity_range = Some(csi::CapacityRange {
-        required_bytes: bytes,
-        limit_bytes: 0,
-    });
+    let mut req = create_req(
+        "snap-src".into(),
+        &Kind {
+            bytes,
+            backing: None,
+        },
+    );
     req.volume_capabilities = vec![block];
     let src = c
         .create_volume(req.clone())
@@ -236,15 +247,28 @@ fn cap() -> csi::VolumeCapability {
     }
 }
 
-/// A 1 MiB single-node-writer volume named `name`.
-fn create_req(name: String) -> csi::CreateVolumeRequest {
+/// What each lifecycle's volume is.
+#[derive(Clone)]
+struct Kind {
+    bytes: i64,
+    /// The `backing` parameter, when the driver is csi-relay.
+    backing: Option<String>,
+}
+
+/// A single-node-writer volume named `name`.
+fn create_req(name: String, kind: &Kind) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name,
         capacity_range: Some(csi::CapacityRange {
-            required_bytes: 1 << 20,
+            required_bytes: kind.bytes,
             limit_bytes: 0,
         }),
         volume_capabilities: vec![cap()],
+        parameters: kind
+            .backing
+            .iter()
+            .map(|b| ("backing".to_string(), b.clone()))
+            .collect(),
         ..Default::default()
     }
 }
@@ -336,6 +360,7 @@ async fn lifecycle(
     node_id: &str,
     base: &Path,
     name: &str,
+    kind: &Kind,
     s: &mut Samples,
 ) -> BenchResult<()> {
     use csi_relay::csi::node_client::NodeClient;
@@ -346,7 +371,7 @@ async fn lifecycle(
     std::fs::create_dir_all(&staging)?;
     let t = Instant::now();
     let vol = c
-        .create_volume(create_req(name.to_string()))
+        .create_volume(create_req(name.to_string(), kind))
         .await?
         .into_inner()
         .volume
@@ -445,6 +470,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => args.pid,
     };
     let rss = |pid: Option<u32>| pid.map_or((0, 0), rss_kib);
+    let kind = Kind {
+        bytes: args.size,
+        backing: server.as_ref().map(|_| args.backing.clone()),
+    };
     println!("driver idle RSS: {} KiB", rss(pid).0);
     // The floor every call pays: a round trip that does no work.
     let mut n = csi_relay::csi::node_client::NodeClient::new(channel.clone());
@@ -462,7 +491,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for target in targets {
         let started = Instant::now();
         while existing < target {
-            c.create_volume(create_req(format!("fill-{existing}")))
+            c.create_volume(create_req(format!("fill-{existing}"), &kind))
                 .await?;
             existing += 1;
         }
@@ -482,11 +511,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let channel = channel.clone();
                 let node_id = args.node_id.clone();
                 let base = dir.join(format!("r{run}-c{w}"));
+                let kind = kind.clone();
                 tasks.push(tokio::spawn(async move {
                     let mut samples = Samples::default();
                     for i in 0..per_client {
                         let name = format!("r{run}-c{w}-{i}");
-                        lifecycle(&channel, &node_id, &base, &name, &mut samples).await?;
+                        lifecycle(&channel, &node_id, &base, &name, &kind, &mut samples).await?;
                     }
                     Ok::<_, Box<dyn std::error::Error + Send + Sync>>(samples)
                 }));
