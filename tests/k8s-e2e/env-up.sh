@@ -123,7 +123,8 @@ SOCKDIR=$LAB/kubelet/plugins/$DRIVER; SOCK=$SOCKDIR/csi.sock
 mkdir -p "$SOCKDIR" "$RUN/relay-state"
 RUST_LOG=$RELAY_LOG lab kl_start csi-relay "$LAB/logs/csi-relay.log" "$RELAY_BIN" serve \
   --mode all --backend local --driver-name $DRIVER --node-id $KL_NODE \
-  --max-volumes-per-node "$MAX_VOLUMES" --state-dir "$RUN/relay-state" --endpoint "unix://$SOCK"
+  --max-volumes-per-node "$MAX_VOLUMES" --state-dir "$RUN/relay-state" --endpoint "unix://$SOCK" \
+  --metrics-address "$RELAY_METRICS"
 waitfor 30 "csi-relay socket $SOCK" test -S "$SOCK"
 lab kl_start relay-registrar "$LAB/logs/relay-registrar.log" "$B/csi-node-driver-registrar" --csi-address="$SOCK" \
   --kubelet-registration-path="$SOCK" --plugin-registration-path="$KL_REGISTRATION_DIR" -v=3

@@ -66,11 +66,12 @@ mkdir -p "$MNSOCKDIR"
 RUST_LOG=$RELAY_LOG lab kl_start member-relay-controller "$LAB/logs/member-relay-controller.log" \
   "$RELAY_BIN" serve --mode controller --backend member --driver-name $MEMBER_DRIVER --node-id relay-controller \
   --member member1="${MEMBER_RELAY_KUBECONFIG:-$MEMBER_KUBECONFIG}" --host-kubeconfig "$HOST_KUBECONFIG" \
-  --state-dir "$MSTATE/controller" --endpoint "unix://$MCSOCK"
+  --state-dir "$MSTATE/controller" --endpoint "unix://$MCSOCK" --metrics-address "$MEMBER_METRICS"
 RUST_LOG=$RELAY_LOG lab kl_start member-relay-node "$LAB/logs/member-relay-node.log" \
   "$RELAY_BIN" serve --mode node --backend member --driver-name $MEMBER_DRIVER --node-id $KL_NODE \
   --node-member member1 --member member1="${NODE_MEMBER_KUBECONFIG:-$MEMBER_KUBECONFIG}" --host-kubeconfig "$HOST_KUBECONFIG" \
-  --plugins-dir "$RUN/member-plugins" --state-dir "$MSTATE/node" --endpoint "unix://$MNSOCK"
+  --plugins-dir "$RUN/member-plugins" --state-dir "$MSTATE/node" --endpoint "unix://$MNSOCK" \
+  --metrics-address "$MEMBER_NODE_METRICS"
 waitfor 30 "member relay sockets" sh -c "test -S '$MCSOCK' && test -S '$MNSOCK'"
 lab kl_start member-registrar "$LAB/logs/member-registrar.log" "$B/csi-node-driver-registrar" --csi-address="$MNSOCK" \
   --kubelet-registration-path="$MNSOCK" --plugin-registration-path="$KL_REGISTRATION_DIR" -v=3

@@ -16,8 +16,12 @@
 //! `relay-pod-start --kubeconfig K --image IMG --class A --class B
 //!  [--node NODE] [--pods 20] [--parallel 1,10] [--metrics A=http://127.0.0.1:PORT/metrics]`
 //!
-//! It creates one namespace for the run and deletes it, with every claim it
-//! made, at the end; between waves it waits until the wave's claims and
+//! A class may be `CLASS@NODE` or `CLASS@NODE@KUBECONFIG`: its pods go to
+//! that node of that cluster, so a pod on a host node using a member volume
+//! can be set against the same pod run in the member itself.
+//!
+//! It creates one namespace per cluster for the run and deletes it, with
+//! every claim it made, at the end; between waves it waits until the wave's claims and
 //! their PVs are gone, so each wave starts from the same number of volumes.
 
 use std::collections::{BTreeMap, HashMap};
@@ -43,15 +47,17 @@ struct Args {
     /// Kubeconfig of the cluster the pods run in.
     #[arg(long)]
     kubeconfig: std::path::PathBuf,
-    /// StorageClasses to compare, measured in turn (repeat the flag).
+    /// StorageClasses to compare, measured in turn (repeat the flag):
+    /// CLASS, CLASS@NODE or CLASS@NODE@KUBECONFIG.
     #[arg(long = "class", required = true)]
     classes: Vec<String>,
     /// Image of the pods' one container; it must already be on the node
     /// (pulled with IfNotPresent), so no registry is in the figure.
     #[arg(long)]
     image: String,
-    /// Node the pods are pinned to (nodeSelector kubernetes.io/hostname);
-    /// the scheduler still runs, as WaitForFirstConsumer needs.
+    /// Node the pods are pinned to (nodeSelector kubernetes.io/hostname)
+    /// when their class names none; the scheduler still runs, as
+    /// WaitForFirstConsumer needs.
     #[arg(long)]
     node: Option<String>,
     /// Tolerate every taint (virtual nodes carry theirs).
@@ -66,7 +72,8 @@ struct Args {
     /// Size of each claim.
     #[arg(long, default_value = "1Gi")]
     size: String,
-    /// CLASS=URL: the Prometheus endpoint of the driver behind CLASS.
+    /// CLASS=URL: a Prometheus endpoint of the csi-relay behind CLASS
+    /// (repeat for its controller and its node plugin).
     #[arg(long = "metrics")]
     metrics: Vec<String>,
     /// How long one wave may take before the run is abandoned.
@@ -85,6 +92,26 @@ struct Seen {
 }
 
 type Shared = Arc<Mutex<Seen>>;
+
+/// One column of the comparison: a class, the node its pods go to, and
+/// the cluster (its client, the run's namespace there, what the watches saw).
+struct Target {
+    label: String,
+    class: String,
+    node: Option<String>,
+    client: Client,
+    ns: String,
+    seen: Shared,
+}
+
+async fn client(kubeconfig: &std::path::Path) -> Result<Client, Error> {
+    let config = Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(kubeconfig)?,
+        &KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(Client::try_from(config)?)
+}
 
 fn note(seen: &Shared, f: impl FnOnce(&mut Seen)) {
     if let Ok(mut s) = seen.lock() {
@@ -162,7 +189,7 @@ fn claim(name: &str, class: &str, size: &str) -> Result<PersistentVolumeClaim, E
     }))?)
 }
 
-fn pod(name: &str, args: &Args) -> Result<Pod, Error> {
+fn pod(name: &str, node: Option<&str>, args: &Args) -> Result<Pod, Error> {
     let mut spec = serde_json::json!({
         "terminationGracePeriodSeconds": 0,
         "containers": [{
@@ -173,7 +200,7 @@ fn pod(name: &str, args: &Args) -> Result<Pod, Error> {
         }],
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}],
     });
-    if let Some(node) = &args.node {
+    if let Some(node) = node {
         spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": node});
     }
     if args.tolerate_all {
@@ -194,23 +221,18 @@ struct Sample {
 
 /// Applies `names` at once (claim, then pod, as `kubectl apply` of one
 /// file does) and waits until every pod runs.
-async fn wave(
-    client: &Client,
-    ns: &str,
-    class: &str,
-    names: &[String],
-    seen: &Shared,
-    args: &Args,
-) -> Result<Vec<Sample>, Error> {
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+async fn wave(t: &Target, names: &[String], args: &Args) -> Result<Vec<Sample>, Error> {
+    let (ns, class, seen) = (&t.ns, &t.class, &t.seen);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(t.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), ns);
     let starts = futures::future::try_join_all(names.iter().map(|n| {
         let (pvcs, pods) = (pvcs.clone(), pods.clone());
         async move {
             let t0 = Instant::now();
             pvcs.create(&PostParams::default(), &claim(n, class, &args.size)?)
                 .await?;
-            pods.create(&PostParams::default(), &pod(n, args)?).await?;
+            pods.create(&PostParams::default(), &pod(n, t.node.as_deref(), args)?)
+                .await?;
             Ok::<_, Error>(t0)
         }
     }))
@@ -251,12 +273,13 @@ async fn wave(
         .collect())
 }
 
-/// Deletes the wave's pods and claims and waits until their PVs are gone
-/// (not timed): the next wave starts from the same place.
-async fn clear(client: &Client, ns: &str, names: &[String], seen: &Shared) -> Result<(), Error> {
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+/// Deletes the wave's pods and claims and waits until their attachments
+/// and PVs are gone (not timed): the next wave starts from the same place.
+async fn clear(t: &Target, names: &[String]) -> Result<(), Error> {
+    let (ns, seen) = (&t.ns, &t.seen);
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(t.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), ns);
+    let pvs: Api<PersistentVolume> = Api::all(t.client.clone());
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
@@ -282,6 +305,29 @@ async fn clear(client: &Client, ns: &str, names: &[String], seen: &Shared) -> Re
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+    // The kubelet unmounts after the pod object is gone; the detach and the
+    // PV's deletion come after that, so both gone means the node is clear.
+    let vas: Api<VolumeAttachment> = Api::all(t.client.clone());
+    loop {
+        let left = vas
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .any(|va| {
+                va.spec
+                    .source
+                    .persistent_volume_name
+                    .is_some_and(|pv| volumes.contains(&pv))
+            });
+        if !left {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("attachments of {volumes:?} still there after 300 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for pv in &volumes {
         while pvs.get_opt(pv).await?.is_some() {
@@ -311,10 +357,17 @@ fn secs(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_string(), |d| format!("{:.2}", d.as_secs_f64()))
 }
 
-/// Sum and count of `csi_relay_rpc_duration_seconds` by method.
-async fn rpc_figures(url: &str) -> Result<BTreeMap<String, (f64, f64)>, Error> {
-    let body = scrape(url).await?;
+/// Sum and count of `csi_relay_rpc_duration_seconds` by method, over the
+/// endpoints of one class's driver (a controller's and a node plugin's).
+async fn rpc_figures(urls: &[String]) -> Result<BTreeMap<String, (f64, f64)>, Error> {
     let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for url in urls {
+        add_rpc_figures(&scrape(url).await?, &mut out);
+    }
+    Ok(out)
+}
+
+fn add_rpc_figures(body: &str, out: &mut BTreeMap<String, (f64, f64)>) {
     for line in body.lines() {
         let (sum, rest) = if let Some(r) = line.strip_prefix("csi_relay_rpc_duration_seconds_sum{")
         {
@@ -337,12 +390,11 @@ async fn rpc_figures(url: &str) -> Result<BTreeMap<String, (f64, f64)>, Error> {
         let v: f64 = value.trim().parse().unwrap_or(0.0);
         let e = out.entry(method.to_string()).or_default();
         if sum {
-            e.0 = v;
+            e.0 += v;
         } else {
-            e.1 = v;
+            e.1 += v;
         }
     }
-    Ok(out)
 }
 
 /// A plain HTTP/1.0 GET of a loopback metrics endpoint.
@@ -368,42 +420,65 @@ async fn scrape(url: &str) -> Result<String, Error> {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
-    let config = Config::from_custom_kubeconfig(
-        Kubeconfig::read_from(&args.kubeconfig)?,
-        &KubeConfigOptions::default(),
-    )
-    .await?;
-    let client = Client::try_from(config)?;
-    let metrics: HashMap<String, String> = args
-        .metrics
-        .iter()
-        .map(|m| {
-            m.split_once('=')
-                .map(|(c, u)| (c.to_string(), u.to_string()))
-                .ok_or_else(|| format!("--metrics {m:?}: expected CLASS=URL"))
-        })
-        .collect::<Result<_, _>>()?;
+    let mut metrics: HashMap<String, Vec<String>> = HashMap::new();
+    for m in &args.metrics {
+        let (class, url) = m
+            .split_once('=')
+            .ok_or_else(|| format!("--metrics {m:?}: expected CLASS=URL"))?;
+        metrics
+            .entry(class.to_string())
+            .or_default()
+            .push(url.to_string());
+    }
     let ns = format!("pod-start-{}", std::process::id());
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?,
-        )
-        .await?;
-    let seen: Shared = Arc::default();
-    watch(&client, &ns, &seen);
-    let result = run(&client, &ns, &seen, &args, &metrics).await;
-    let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+    let mut clusters: BTreeMap<std::path::PathBuf, (Client, Shared)> = BTreeMap::new();
+    let mut targets = Vec::new();
+    for spec in &args.classes {
+        let mut parts = spec.splitn(3, '@');
+        let class = parts.next().unwrap_or_default().to_string();
+        let node = parts
+            .next()
+            .map(str::to_string)
+            .or_else(|| args.node.clone());
+        let kubeconfig = parts
+            .next()
+            .map_or_else(|| args.kubeconfig.clone(), Into::into);
+        if !clusters.contains_key(&kubeconfig) {
+            let c = client(&kubeconfig).await?;
+            let namespaces: Api<Namespace> = Api::all(c.clone());
+            namespaces
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))?,
+                )
+                .await?;
+            let seen: Shared = Arc::default();
+            watch(&c, &ns, &seen);
+            clusters.insert(kubeconfig.clone(), (c, seen));
+        }
+        let (c, seen) = &clusters[&kubeconfig];
+        targets.push(Target {
+            label: spec.split('@').take(2).collect::<Vec<_>>().join("@"),
+            class,
+            node,
+            client: c.clone(),
+            ns: ns.clone(),
+            seen: seen.clone(),
+        });
+    }
+    let result = run(&targets, &args, &metrics).await;
+    for (c, _) in clusters.values() {
+        let _ = Api::<Namespace>::all(c.clone())
+            .delete(&ns, &DeleteParams::default())
+            .await;
+    }
     result
 }
 
 async fn run(
-    client: &Client,
-    ns: &str,
-    seen: &Shared,
+    targets: &[Target],
     args: &Args,
-    metrics: &HashMap<String, String>,
+    metrics: &HashMap<String, Vec<String>>,
 ) -> Result<(), Error> {
     let mut serial = 0usize;
     for &width in &args.parallel {
@@ -413,19 +488,20 @@ async fn run(
         let waves = args.pods.div_ceil(width);
         for w in 0..waves {
             let count = width.min(args.pods - w * width);
-            for class in &args.classes {
+            for t in targets {
+                let class = t.label.as_str();
                 let names: Vec<String> = (0..count)
                     .map(|_| {
                         serial += 1;
                         format!("p{serial}")
                     })
                     .collect();
-                let before = match metrics.get(class) {
+                let before = match metrics.get(&t.class) {
                     Some(url) => Some(rpc_figures(url).await?),
                     None => None,
                 };
-                let got = wave(client, ns, class, &names, seen, args).await?;
-                if let (Some(url), Some(before)) = (metrics.get(class), before) {
+                let got = wave(t, &names, args).await?;
+                if let (Some(url), Some(before)) = (metrics.get(&t.class), before) {
                     let acc = calls.entry(class).or_default();
                     for (m, (s, c)) in rpc_figures(url).await? {
                         let (s0, c0) = before.get(&m).copied().unwrap_or_default();
@@ -435,7 +511,7 @@ async fn run(
                     }
                 }
                 samples.entry(class).or_default().extend(got);
-                clear(client, ns, &names, seen).await?;
+                clear(t, &names).await?;
             }
         }
         println!(
