@@ -129,6 +129,7 @@ pub async fn ensure_attached(
         }
     };
     let deadline = tokio::time::Instant::now() + wait;
+    let mut changes = watch_one(&api, &name, &current, wait).await;
     loop {
         if let Some(metadata) = attached(&current) {
             return Ok(metadata);
@@ -148,7 +149,7 @@ pub async fn ensure_attached(
                 va.spec.node_name
             )));
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        next_change(&mut changes).await;
         current = cluster
             .fetch(&get_what, api.get(&name))
             .await?
@@ -158,6 +159,54 @@ pub async fn ensure_attached(
                     cluster.label()
                 ))
             })?;
+    }
+}
+
+type Changes = std::pin::Pin<
+    Box<dyn futures::Stream<Item = kube::Result<kube::api::WatchEvent<VolumeAttachment>>> + Send>,
+>;
+
+/// A watch of one VolumeAttachment from the version just read, so its
+/// `attached` wakes the wait as soon as the member's attacher sets it
+/// rather than at the next poll (the member attaches in about 100 ms; a
+/// poll alone made every publish take at least `POLL_INTERVAL`, on the
+/// pod's path). None when the watch cannot start: the poll still runs.
+async fn watch_one(
+    api: &Api<VolumeAttachment>,
+    name: &str,
+    current: &VolumeAttachment,
+    wait: Duration,
+) -> Option<Changes> {
+    let version = current.metadata.resource_version.as_deref()?;
+    // The API server ends the watch by itself once the wait is over
+    // (it takes at most 295 s).
+    let secs = u32::try_from(wait.as_secs().clamp(1, 290)).unwrap_or(290);
+    let params = kube::api::WatchParams::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(secs);
+    match tokio::time::timeout(POLL_INTERVAL, api.watch(&params, version)).await {
+        Ok(Ok(stream)) => Some(Box::pin(stream)),
+        _ => None,
+    }
+}
+
+/// Waits for the next change the watch reports, or `POLL_INTERVAL` at
+/// most: the caller reads the object again either way, so the watch only
+/// makes the wait shorter. A watch that ends or fails (a partition, a
+/// version too old) is dropped and the poll goes on alone.
+async fn next_change(changes: &mut Option<Changes>) {
+    use futures::StreamExt;
+    let Some(stream) = changes.as_mut() else {
+        tokio::time::sleep(POLL_INTERVAL).await;
+        return;
+    };
+    match tokio::time::timeout(POLL_INTERVAL, stream.next()).await {
+        Ok(Some(Ok(kube::api::WatchEvent::Added(_) | kube::api::WatchEvent::Modified(_))))
+        | Err(_) => {}
+        Ok(Some(Ok(_))) | Ok(Some(Err(_))) | Ok(None) => {
+            *changes = None;
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
     }
 }
 
