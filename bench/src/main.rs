@@ -1,7 +1,7 @@
 //! Load generator: the full lifecycle a pod makes a driver go through
 //! (CreateVolume, ControllerPublish, NodeStage, NodePublish and back down,
-//! volumes of `--size` with `--backing`: the driver's default block file
-//! with ext4, or a directory) over the real socket, at several client counts
+//! volumes of `--size` (1 MiB) with `--backing`: a directory, or the
+//! driver's default, a block file with ext4) over the real socket, at several client counts
 //! and with few and many existing volumes. It prints lifecycles/s, per-call
 //! p50/p99 and the driver's RSS. It starts the `csi-relay` binary built
 //! next to it on a private socket and state dir (root: it mounts).
@@ -36,9 +36,10 @@ struct Args {
     #[arg(long, default_value_t = 400)]
     lifecycles: usize,
     /// The StorageClass parameter `backing` of the lifecycles' volumes:
-    /// `block` (a file on a loop device, ext4 made at the first stage: the
-    /// driver's default) or `directory`. Other drivers (--endpoint) get none.
-    #[arg(long, default_value = "block")]
+    /// `directory` (what the figures in docs/behaviour.md were taken with)
+    /// or `block` (a file on a loop device, ext4 made at the first stage:
+    /// the driver's default). Other drivers (--endpoint) get none.
+    #[arg(long, default_value = "directory")]
     backing: String,
     /// Size of the lifecycles' volumes.
     #[arg(long, default_value_t = 1 << 20)]

@@ -76,6 +76,15 @@ struct Args {
     /// (repeat for its controller and its node plugin).
     #[arg(long = "metrics")]
     metrics: Vec<String>,
+    /// Each wave starts after a pause drawn evenly from 0 to this many
+    /// seconds. A kubelet starts the attach check of a pod's volume only
+    /// after its next node status update (every nodeStatusUpdateFrequency,
+    /// 10 s by default), and the wait between waves (detaches) follows
+    /// that same beat: without the pause every wave would land at the same
+    /// point of one kubelet's cycle, and two kubelets would differ by their
+    /// phase, not by their drivers. 0: no pause.
+    #[arg(long, default_value_t = 10.0)]
+    jitter_secs: f64,
     /// How long one wave may take before the run is abandoned.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -340,6 +349,19 @@ async fn clear(t: &Target, names: &[String]) -> Result<(), Error> {
     Ok(())
 }
 
+/// Sleeps for a time drawn evenly from [0, max_secs): the clock's
+/// nanoseconds are random enough to spread waves over a kubelet's cycle.
+async fn pause(max_secs: f64) {
+    if max_secs <= 0.0 {
+        return;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let fraction = f64::from(nanos % 1_000_000) / 1_000_000.0;
+    tokio::time::sleep(Duration::from_secs_f64(max_secs * fraction)).await;
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -500,6 +522,7 @@ async fn run(
                     Some(url) => Some(rpc_figures(url).await?),
                     None => None,
                 };
+                pause(args.jitter_secs).await;
                 let got = wave(t, &names, args).await?;
                 if let (Some(url), Some(before)) = (metrics.get(&t.class), before) {
                     let acc = calls.entry(class).or_default();
