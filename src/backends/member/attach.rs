@@ -149,16 +149,20 @@ pub async fn ensure_attached(
                 va.spec.node_name
             )));
         }
-        next_change(&mut changes).await;
-        current = cluster
-            .fetch(&get_what, api.get(&name))
-            .await?
-            .ok_or_else(|| {
-                CsiError::Aborted(format!(
-                    "{}: VolumeAttachment {name} was deleted while attaching; retry",
-                    cluster.label()
-                ))
-            })?;
+        // The watch hands over the changed object itself; only a wait that
+        // ended without one reads it again.
+        current = match next_change(&mut changes).await {
+            Some(changed) => changed,
+            None => cluster
+                .fetch(&get_what, api.get(&name))
+                .await?
+                .ok_or_else(|| {
+                    CsiError::Aborted(format!(
+                        "{}: VolumeAttachment {name} was deleted while attaching; retry",
+                        cluster.label()
+                    ))
+                })?,
+        };
     }
 }
 
@@ -191,21 +195,25 @@ async fn watch_one(
 }
 
 /// Waits for the next change the watch reports, or `POLL_INTERVAL` at
-/// most: the caller reads the object again either way, so the watch only
-/// makes the wait shorter. A watch that ends or fails (a partition, a
-/// version too old) is dropped and the poll goes on alone.
-async fn next_change(changes: &mut Option<Changes>) {
+/// most, and returns the changed object. None: no change came in time, or
+/// the watch ended or failed (a partition, a version too old, a deletion)
+/// and is dropped; the caller then reads the object, so the poll goes on
+/// alone and the watch only ever makes the wait shorter.
+async fn next_change(changes: &mut Option<Changes>) -> Option<VolumeAttachment> {
     use futures::StreamExt;
     let Some(stream) = changes.as_mut() else {
         tokio::time::sleep(POLL_INTERVAL).await;
-        return;
+        return None;
     };
     match tokio::time::timeout(POLL_INTERVAL, stream.next()).await {
-        Ok(Some(Ok(kube::api::WatchEvent::Added(_) | kube::api::WatchEvent::Modified(_))))
-        | Err(_) => {}
+        Ok(Some(Ok(kube::api::WatchEvent::Added(va) | kube::api::WatchEvent::Modified(va)))) => {
+            Some(va)
+        }
+        Err(_) => None,
         Ok(Some(Ok(_))) | Ok(Some(Err(_))) | Ok(None) => {
             *changes = None;
             tokio::time::sleep(POLL_INTERVAL).await;
+            None
         }
     }
 }
@@ -336,5 +344,66 @@ pub async fn ensure_detached(cluster: &Cluster, name: &str, wait: Duration) -> C
             )));
         }
         tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::WatchEvent;
+
+    fn va(attached: bool) -> VolumeAttachment {
+        let mut va = VolumeAttachment::default();
+        va.metadata.name = Some("csi-x".into());
+        va.status = Some(k8s_openapi::api::storage::v1::VolumeAttachmentStatus {
+            attached,
+            ..Default::default()
+        });
+        va
+    }
+
+    fn stream(events: Vec<kube::Result<WatchEvent<VolumeAttachment>>>) -> Option<Changes> {
+        Some(Box::pin(futures::stream::iter(events)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watched_change_is_handed_over_at_once() {
+        let mut changes = stream(vec![Ok(WatchEvent::Modified(va(true)))]);
+        let started = tokio::time::Instant::now();
+        let got = next_change(&mut changes).await;
+        assert!(got.is_some_and(|v| v.status.is_some_and(|s| s.attached)));
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert!(changes.is_some(), "a watch that delivers is kept");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_fails_or_ends_is_dropped_and_the_poll_goes_on() {
+        let gone = kube::Error::Api(Box::new(
+            kube::core::Status::failure("too old resource version", "Expired").with_code(410),
+        ));
+        for events in [
+            vec![Err(gone)],
+            vec![],
+            vec![Ok(WatchEvent::Deleted(va(false)))],
+        ] {
+            let mut changes = stream(events);
+            let started = tokio::time::Instant::now();
+            assert!(next_change(&mut changes).await.is_none());
+            assert!(changes.is_none(), "the broken watch is dropped");
+            assert_eq!(started.elapsed(), POLL_INTERVAL, "the poll's pace is kept");
+            // Without a watch the wait is the poll alone.
+            let started = tokio::time::Instant::now();
+            assert!(next_change(&mut changes).await.is_none());
+            assert_eq!(started.elapsed(), POLL_INTERVAL);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_watch_is_kept_and_waits_one_poll_interval() {
+        let mut changes: Option<Changes> = Some(Box::pin(futures::stream::pending()));
+        let started = tokio::time::Instant::now();
+        assert!(next_change(&mut changes).await.is_none());
+        assert_eq!(started.elapsed(), POLL_INTERVAL);
+        assert!(changes.is_some());
     }
 }
