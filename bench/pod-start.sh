@@ -10,6 +10,20 @@
 #   member: a pod on host-kl-1 using a member volume (relay-member) against the
 #           same pod run in the member itself, on member-kl-1 (kl-hostpath,
 #           the storage behind relay-member).
+#   kosmos: RUN_DIR is the Kosmos environment's (tests/kosmos/env-up.sh
+#           RUN_DIR, on tests/e2e-env). Host pods on the virtual node
+#           kosmos-member1, run by Kosmos on member-kl-1, all on member
+#           storage kl-hostpath:
+#             - Kosmos's own claim copy and PV sync (host class kl-hostpath,
+#               the member's class name) under Kosmos's scheduler;
+#             - csi-relay's Immediate class of deploy/storageclass.yaml under
+#               Kosmos's scheduler;
+#             - csi-relay's WaitForFirstConsumer class under the stock
+#               kube-scheduler.
+#           Starts (and stops on exit, by PID) a csi-relay controller for
+#           member1 with the stock host sidecars, Kosmos's scheduler
+#           ($E2E_HOME/bin/kosmos-scheduler, profile "kosmos-scheduler") and
+#           a kube-scheduler; the host of tests/e2e-env has none.
 # Extra options go to relay-pod-start (e.g. --pods 20 --parallel 1,10).
 set -Eeuo pipefail
 RUN=$(cd "${1:?usage: pod-start.sh RUN_DIR local|member [options]}" && pwd)
@@ -36,5 +50,7 @@ case $WHAT in
       --class "$MEMBER_CLASS@$KL_NODE" --class "$M_KL_CLASS@$M_KL_NODE@$MEMBER_KUBECONFIG" \
       --metrics "$MEMBER_CLASS=http://$MEMBER_METRICS/metrics" \
       --metrics "$MEMBER_CLASS=http://$MEMBER_NODE_METRICS/metrics" "$@" ;;
-  *) echo "pod-start.sh: say local or member, not $WHAT" >&2; exit 2 ;;
+  kosmos)
+    exec "$HERE/pod-start-kosmos.sh" "$RUN" "$@" ;;
+  *) echo "pod-start.sh: say local, member or kosmos, not $WHAT" >&2; exit 2 ;;
 esac

@@ -12,7 +12,9 @@
 # Notes: no kubelet/scheduler. Fake Nodes need annotation volumes.kubernetes.io/controller-managed-attach-detach=true
 #   (+ a CSINode with the driver's nodeID) for the attach/detach controller; set pod.spec.nodeName yourself.
 #   KCM_CONTROLLERS='*,-nodelifecycle' stops heartbeat-less fake nodes being tainted / their pods evicted (~5 min).
-# Env knobs: KCM_CONTROLLERS (default "*"), KCM_USE_SA_CREDS (default true), APISERVER_EXTRA, KCM_EXTRA, V (log level, default 2)
+# Env knobs: KCM_CONTROLLERS (default "*"), KCM_USE_SA_CREDS (default true), APISERVER_EXTRA, KCM_EXTRA, V (log level, default 2),
+#   AUDIT=1: the API server logs every finished request (user, user agent, verb, resource; no bodies) to
+#   $R/logs/audit.log (policy: audit-policy.yaml beside this script), for counting requests by caller.
 set -euo pipefail
 NAME=${1:?usage: cluster-up.sh NAME PORT_BASE}
 PORT_BASE=${2:?usage: cluster-up.sh NAME PORT_BASE}
@@ -23,6 +25,11 @@ H=${E2E_HOME:?set E2E_HOME to the folder holding bin/ and run/}; BIN=$H/bin; R=$
 API_PORT=$PORT_BASE; ETCD_PORT=$((PORT_BASE+1)); PEER_PORT=$((PORT_BASE+2)); KCM_PORT=$((PORT_BASE+3))
 V=${V:-2}
 mkdir -p $R/pki $R/logs $R/pids $R/etcd
+AUDIT_ARGS=
+if [[ ${AUDIT:-0} == 1 ]]; then
+  rm -f $R/logs/audit.log
+  AUDIT_ARGS="--audit-policy-file=$(cd "$(dirname "$0")" && pwd)/audit-policy.yaml --audit-log-path=$R/logs/audit.log --audit-log-format=json --audit-log-maxsize=0"
+fi
 chmod 700 $R/etcd
 
 alive() { # alive PIDFILE EXPECTED_BINARY
@@ -137,7 +144,7 @@ start kube-apiserver $BIN/kube-apiserver \
   --service-cluster-ip-range=10.0.0.0/24 \
   --authorization-mode=Node,RBAC --allow-privileged=true \
   --feature-gates=ValidatingAdmissionPolicy=true --runtime-config=admissionregistration.k8s.io/v1beta1=true \
-  --profiling=false --v=$V ${APISERVER_EXTRA:-}
+  --profiling=false --v=$V ${APISERVER_EXTRA:-} $AUDIT_ARGS
 waitfor kube-apiserver 180 kubectl --kubeconfig $R/admin.kubeconfig get --raw /readyz
 
 # ---------- kube-controller-manager ----------

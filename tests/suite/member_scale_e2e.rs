@@ -7,11 +7,18 @@
 //!    the test's own: anonymous RSS per volume (heap and stacks: the
 //!    binary's own pages vary with the code paths run), and how long until
 //!    every RelayVolume shows NODE_READY.
-//! 2. One volume at a time, its member pod set Running: CPU per change and
+//! 2. Start-up with M volumes: the controller restarted on its state
+//!    directory, then a new one with an empty state directory, rebuilding
+//!    from the RelayVolumes: time to Probe ready, and its RSS.
+//! 3. One volume at a time, its member pod set Running: CPU per change and
 //!    the time until that RelayVolume shows PUBLISHED.
-//! 3. N member pods that use no relay volume, created then all relabelled,
+//! 4. N member pods that use no relay volume, created then all relabelled,
 //!    first in a namespace of their own, then in the relay's namespace:
 //!    what they add to RSS and CPU.
+//!
+//! With the environment's audit logs (AUDIT=1 of tests/e2e-env), it also
+//! counts csi-relay's own requests to each API server, per volume and
+//! phase, by verb and resource; bench/member-scale.sh runs it that way.
 //!
 //! Sizes: RELAY_SCALE_VOLUMES (default 50) and RELAY_SCALE_PODS (default
 //! 500); RELAY_TEST_BINARY measures another build (e.g. a release one)
@@ -31,7 +38,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
 
+use e2e_support::audit::{per_unit, AuditLogs, Mark};
 use e2e_support::{client, env, eventually, member_create, until_ok};
+
+/// The user agent of csi-relay's requests.
+const AGENT: &str = "csi-relay/";
 
 /// Says a figure on the real stderr (libtest captures a passing test's
 /// output).
@@ -217,6 +228,21 @@ async fn member_objects_cost_what_the_relay_serves() {
     let mut d =
         e2e_support::start_member_relay(&env, "scale-controller", &["--mode", "controller"]).await;
     let pid = d.pid().expect("controller pid");
+    // The relay's own requests, as the API servers logged them.
+    let audit = AuditLogs::open();
+    if let Err(why) = &audit {
+        figure(&format!("API requests: not counted: {why}"));
+    }
+    let audit = audit.ok();
+    let requests = |mark: &Option<Mark>, what: &str, per: usize| {
+        if let (Some(a), Some(m)) = (&audit, mark) {
+            figure(&format!(
+                "API requests by csi-relay, {what}: {}",
+                per_unit(&a.count_since(m, AGENT), per)
+            ));
+        }
+    };
+    let mark_create = audit.as_ref().map(AuditLogs::mark);
     let (rss_empty, _) = settled(pid).await;
     figure(&format!(
         "controller with the member backend, nothing in it: anonymous RSS {}, RSS {}",
@@ -359,10 +385,46 @@ async fn member_objects_cost_what_the_relay_serves() {
         (rss_volumes as f64 - rss_empty as f64) / volumes.max(1) as f64,
         mib(status_kib(pid, "VmRSS:") as i64),
     ));
+    requests(
+        &mark_create,
+        "per volume from CreateVolume to NODE_READY (member claim made and bound, a member pod on it)",
+        volumes,
+    );
 
-    // 2. One volume's member objects change at a time.
+    // Start-up with that many volumes: the same controller restarted on
+    // its state directory, then a new one whose state directory is empty
+    // (deploy/'s emptyDir lost with its pod), which rebuilds every record
+    // from the RelayVolumes before Probe says ready.
+    let t = Instant::now();
+    d.restart().await;
+    figure(&format!(
+        "restart on its state directory with {volumes} volumes: Probe ready {:.2} s after SIGTERM",
+        t.elapsed().as_secs_f64()
+    ));
+    d.stop();
+    let mark_start = audit.as_ref().map(AuditLogs::mark);
+    let t = Instant::now();
+    let mut d = e2e_support::start_member_relay(
+        &env,
+        "scale-controller-rebuilt",
+        &["--mode", "controller"],
+    )
+    .await;
+    let startup = t.elapsed();
+    let pid = d.pid().expect("controller pid");
+    let (rss_rebuilt, _) = settled(pid).await;
+    figure(&format!(
+        "a new controller, empty state directory, {volumes} RelayVolumes: Probe ready {:.2} s after start; anonymous RSS {} (+{:.1} KiB per volume)",
+        startup.as_secs_f64(),
+        mib(rss_rebuilt as i64),
+        (rss_rebuilt as f64 - rss_empty as f64) / volumes.max(1) as f64,
+    ));
+    requests(&mark_start, "for that start-up (in all)", 1);
+
+    // 3. One volume's member objects change at a time.
     let changes = volumes.min(20);
     let (_, cpu0) = settled(pid).await;
+    let mark_changes = audit.as_ref().map(AuditLogs::mark);
     let mut latencies = Vec::new();
     for (i, id) in claims.keys().take(changes).enumerate() {
         let t = Instant::now();
@@ -385,8 +447,13 @@ async fn member_objects_cost_what_the_relay_serves() {
             (cpu1 - cpu0) * 1000.0 / changes as f64,
         ));
     }
+    requests(
+        &mark_changes,
+        "per change (member pod Running, RelayVolume PUBLISHED)",
+        changes,
+    );
 
-    // 3. Pods the relay does not serve.
+    // 4. Pods the relay does not serve.
     let ns = format!("{run}-unrelated");
     let namespaces: Api<Namespace> = Api::all(member.clone());
     namespaces
@@ -427,6 +494,7 @@ async fn member_objects_cost_what_the_relay_serves() {
     .await
     .expect("delete member pods");
     let ids: Vec<String> = claims.keys().cloned().collect();
+    let mark_delete = audit.as_ref().map(AuditLogs::mark);
     in_parallel(ids, |id| {
         let controller = d.controller();
         async move {
@@ -442,6 +510,7 @@ async fn member_objects_cost_what_the_relay_serves() {
         }
     })
     .await;
+    requests(&mark_delete, "per DeleteVolume", volumes);
     pvs.delete_collection(
         &DeleteParams::default(),
         &ListParams::default().labels(&format!("bench={run}")),

@@ -18,7 +18,9 @@
 //!
 //! A class may be `CLASS@NODE` or `CLASS@NODE@KUBECONFIG`: its pods go to
 //! that node of that cluster, so a pod on a host node using a member volume
-//! can be set against the same pod run in the member itself.
+//! can be set against the same pod run in the member itself. With
+//! `--scheduler CLASS=NAME` a class's pods go through another scheduler
+//! (Kosmos's own, beside the stock one).
 //!
 //! It creates one namespace per cluster for the run and deletes it, with
 //! every claim it made, at the end; between waves it waits until the wave's claims and
@@ -63,6 +65,11 @@ struct Args {
     /// Tolerate every taint (virtual nodes carry theirs).
     #[arg(long)]
     tolerate_all: bool,
+    /// CLASS=NAME: the pods of CLASS name scheduler NAME (schedulerName),
+    /// so classes meant for different schedulers (Kosmos's and the stock
+    /// one) run side by side in one run. Others get the cluster's default.
+    #[arg(long = "scheduler")]
+    schedulers: Vec<String>,
     /// Pods measured per class and wave size.
     #[arg(long, default_value_t = 20)]
     pods: usize,
@@ -108,6 +115,7 @@ struct Target {
     label: String,
     class: String,
     node: Option<String>,
+    scheduler: Option<String>,
     client: Client,
     ns: String,
     seen: Shared,
@@ -198,7 +206,7 @@ fn claim(name: &str, class: &str, size: &str) -> Result<PersistentVolumeClaim, E
     }))?)
 }
 
-fn pod(name: &str, node: Option<&str>, args: &Args) -> Result<Pod, Error> {
+fn pod(t: &Target, name: &str, args: &Args) -> Result<Pod, Error> {
     let mut spec = serde_json::json!({
         "terminationGracePeriodSeconds": 0,
         "containers": [{
@@ -209,8 +217,11 @@ fn pod(name: &str, node: Option<&str>, args: &Args) -> Result<Pod, Error> {
         }],
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": name}}],
     });
-    if let Some(node) = node {
+    if let Some(node) = &t.node {
         spec["nodeSelector"] = serde_json::json!({"kubernetes.io/hostname": node});
+    }
+    if let Some(scheduler) = &t.scheduler {
+        spec["schedulerName"] = serde_json::json!(scheduler);
     }
     if args.tolerate_all {
         spec["tolerations"] = serde_json::json!([{"operator": "Exists"}]);
@@ -240,7 +251,7 @@ async fn wave(t: &Target, names: &[String], args: &Args) -> Result<Vec<Sample>, 
             let t0 = Instant::now();
             pvcs.create(&PostParams::default(), &claim(n, class, &args.size)?)
                 .await?;
-            pods.create(&PostParams::default(), &pod(n, t.node.as_deref(), args)?)
+            pods.create(&PostParams::default(), &pod(t, n, args)?)
                 .await?;
             Ok::<_, Error>(t0)
         }
@@ -452,6 +463,13 @@ async fn main() -> Result<(), Error> {
             .or_default()
             .push(url.to_string());
     }
+    let mut schedulers: HashMap<String, String> = HashMap::new();
+    for m in &args.schedulers {
+        let (class, name) = m
+            .split_once('=')
+            .ok_or_else(|| format!("--scheduler {m:?}: expected CLASS=NAME"))?;
+        schedulers.insert(class.to_string(), name.to_string());
+    }
     let ns = format!("pod-start-{}", std::process::id());
     let mut clusters: BTreeMap<std::path::PathBuf, (Client, Shared)> = BTreeMap::new();
     let mut targets = Vec::new();
@@ -480,7 +498,14 @@ async fn main() -> Result<(), Error> {
         }
         let (c, seen) = &clusters[&kubeconfig];
         targets.push(Target {
-            label: spec.split('@').take(2).collect::<Vec<_>>().join("@"),
+            label: match schedulers.get(&class) {
+                Some(s) => format!(
+                    "{} [{s}]",
+                    spec.split('@').take(2).collect::<Vec<_>>().join("@")
+                ),
+                None => spec.split('@').take(2).collect::<Vec<_>>().join("@"),
+            },
+            scheduler: schedulers.get(&class).cloned(),
             class,
             node,
             client: c.clone(),
@@ -542,14 +567,14 @@ async fn run(
             args.pods
         );
         println!(
-            "  {:<24} {:>6} {:>6} {:>6} {:>6}   median to: {:>6} {:>9} {:>8} {:>7}",
+            "  {:<50} {:>6} {:>6} {:>6} {:>6}   median to: {:>6} {:>9} {:>8} {:>7}",
             "class", "p50", "p95", "max", "best", "bound", "scheduled", "attached", "running"
         );
         for (class, v) in &samples {
             let mut running: Vec<Duration> = v.iter().map(|s| s.running).collect();
             running.sort();
             println!(
-                "  {:<24} {:>6} {:>6} {:>6} {:>6}   {:>17} {:>9} {:>8} {:>7}",
+                "  {:<50} {:>6} {:>6} {:>6} {:>6}   {:>17} {:>9} {:>8} {:>7}",
                 class,
                 secs(Some(percentile(&running, 0.5))),
                 secs(Some(percentile(&running, 0.95))),

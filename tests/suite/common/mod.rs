@@ -269,7 +269,9 @@ fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
 }
 
 pub async fn connect(socket: &Path) -> Channel {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // A controller rebuilding thousands of RelayVolumes (member_scale_e2e)
+    // answers Probe ready only once they are read.
+    let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if socket.exists() {
             let path = socket.to_path_buf();

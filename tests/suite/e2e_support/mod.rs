@@ -2,6 +2,7 @@
 //! RELAY_E2E_* environment, clients, waiting, the RelayVolume CRD.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod fault_proxy;
 
 use std::time::{Duration, Instant};

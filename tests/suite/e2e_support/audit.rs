@@ -1,0 +1,97 @@
+//! Requests counted by the API servers themselves: the audit logs the
+//! test environment writes when started with AUDIT=1
+//! (`tests/e2e-env/cluster-up.sh`), one JSON line per finished request.
+//! `apiserver_request_total` has no label for the caller; the audit log
+//! names its user agent.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+/// The host's and the member's audit logs.
+pub struct AuditLogs {
+    logs: Vec<(&'static str, PathBuf)>,
+}
+
+/// Where each log stood: requests after it are counted.
+pub struct Mark(Vec<u64>);
+
+impl AuditLogs {
+    /// Both clusters' logs, or why there are none.
+    pub fn open() -> Result<AuditLogs, String> {
+        let home = std::env::var("E2E_HOME").map_err(|_| "no E2E_HOME".to_string())?;
+        let logs: Vec<(&'static str, PathBuf)> = ["host", "member"]
+            .into_iter()
+            .map(|c| {
+                (
+                    c,
+                    PathBuf::from(&home)
+                        .join("run")
+                        .join(c)
+                        .join("logs/audit.log"),
+                )
+            })
+            .collect();
+        match logs.iter().find(|(_, p)| !p.is_file()) {
+            Some((_, p)) => Err(format!(
+                "no {} (start tests/e2e-env with AUDIT=1)",
+                p.display()
+            )),
+            None => Ok(AuditLogs { logs }),
+        }
+    }
+
+    pub fn mark(&self) -> Mark {
+        Mark(
+            self.logs
+                .iter()
+                .map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len()))
+                .collect(),
+        )
+    }
+
+    /// Requests since `mark` whose user agent starts with `agent`, by
+    /// "cluster verb resource[/subresource]".
+    pub fn count_since(&self, mark: &Mark, agent: &str) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for ((cluster, path), from) in self.logs.iter().zip(&mark.0) {
+            let mut text = String::new();
+            let read = std::fs::File::open(path).and_then(|mut f| {
+                f.seek(SeekFrom::Start(*from))?;
+                f.read_to_string(&mut text)
+            });
+            if let Err(e) = read {
+                panic!("read {}: {e}", path.display());
+            }
+            for line in text.lines() {
+                let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                if !event["userAgent"].as_str().unwrap_or("").starts_with(agent) {
+                    continue;
+                }
+                let verb = event["verb"].as_str().unwrap_or("?");
+                let object = &event["objectRef"];
+                let mut resource = object["resource"].as_str().unwrap_or("-").to_string();
+                if let Some(sub) = object["subresource"].as_str() {
+                    resource = format!("{resource}/{sub}");
+                }
+                *out.entry(format!("{cluster} {verb} {resource}"))
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+}
+
+/// "host get relayvolumes 1.00, member create persistentvolumeclaims 1.00,
+/// ... (total 4.00)": counts divided by `per`.
+pub fn per_unit(counts: &BTreeMap<String, u64>, per: usize) -> String {
+    let per = per.max(1) as f64;
+    let total: u64 = counts.values().sum();
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(k, n)| format!("{k} {:.2}", *n as f64 / per))
+        .collect();
+    format!("{} (total {:.2})", parts.join(", "), total as f64 / per)
+}
