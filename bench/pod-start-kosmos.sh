@@ -31,6 +31,13 @@ stop() {
   local f
   for f in $(ls -t "$LAB"/pids/*.pid 2>/dev/null); do lab kl_stop "$(basename "$f" .pid)" 15 || true; done
   kh delete storageclass $KL_CLASS relay-member1 relay-member1-immediate --ignore-not-found > /dev/null 2>&1 || true
+  # What Kosmos's flow leaves in the host: PVs Released for good, held by
+  # the member attacher's finalizer it copied (see --released-ok).
+  local pv
+  for pv in $(kh get pv -o jsonpath="{range .items[?(@.spec.storageClassName=='$KL_CLASS')]}{.metadata.name} {.status.phase}{'\n'}{end}" 2>/dev/null | awk '$2 == "Released" {print $1}'); do
+    kh patch pv "$pv" --type=merge -p '{"metadata":{"finalizers":null}}' > /dev/null 2>&1 || true
+    kh delete pv "$pv" --ignore-not-found --wait=false > /dev/null 2>&1 || true
+  done
 }
 trap stop EXIT
 
@@ -53,12 +60,15 @@ lab kl_start relay-attacher "$LAB/logs/relay-attacher.log" "$E2E_HOME/bin/csi-at
 
 # Kosmos's flow: a host class of the member's class name, whose claims
 # Kosmos copies into the member with the pod and whose PVs it syncs back.
+# WaitForFirstConsumer: Kosmos's scheduler holds a pod whose Immediate
+# claim is unbound, and nothing in the host binds this one; a claim to
+# bind is left to the member on a Kosmos node.
 cat <<YAML | kh apply -f - > /dev/null
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {name: $KL_CLASS}
 provisioner: $KL_DRIVER
-volumeBindingMode: Immediate
+volumeBindingMode: WaitForFirstConsumer
 reclaimPolicy: Delete
 YAML
 
@@ -108,5 +118,5 @@ done
 
 "$BENCH" --kubeconfig "$HOST_KUBECONFIG" --image "$IMAGE" --tolerate-all \
   --class "$KL_CLASS@$VNODE" --class "relay-member1-immediate@$VNODE" --class "relay-member1@$VNODE" \
-  --scheduler "$KL_CLASS=kosmos-scheduler" --scheduler "relay-member1-immediate=kosmos-scheduler" \
+  --scheduler "$KL_CLASS=kosmos-scheduler" --scheduler "relay-member1-immediate=kosmos-scheduler" --released-ok "$KL_CLASS" \
   --metrics "relay-member1-immediate=http://$METRICS/metrics" --metrics "relay-member1=http://$METRICS/metrics" "$@"

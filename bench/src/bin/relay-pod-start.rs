@@ -70,6 +70,12 @@ struct Args {
     /// one) run side by side in one run. Others get the cluster's default.
     #[arg(long = "scheduler")]
     schedulers: Vec<String>,
+    /// CLASS: a wave of CLASS is cleared once its PVs are Released, not
+    /// gone. Kosmos's own flow copies the member PV's attacher finalizer
+    /// onto the host PV, where no attacher of that driver removes it: the
+    /// host PV stays Released after its member PV is deleted.
+    #[arg(long = "released-ok")]
+    released_ok: Vec<String>,
     /// Pods measured per class and wave size.
     #[arg(long, default_value_t = 20)]
     pods: usize,
@@ -295,7 +301,8 @@ async fn wave(t: &Target, names: &[String], args: &Args) -> Result<Vec<Sample>, 
 
 /// Deletes the wave's pods and claims and waits until their attachments
 /// and PVs are gone (not timed): the next wave starts from the same place.
-async fn clear(t: &Target, names: &[String]) -> Result<(), Error> {
+async fn clear(t: &Target, names: &[String], args: &Args) -> Result<(), Error> {
+    let released_ok = args.released_ok.contains(&t.class);
     let (ns, seen) = (&t.ns, &t.seen);
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(t.client.clone(), ns);
     let pods: Api<Pod> = Api::namespaced(t.client.clone(), ns);
@@ -350,7 +357,11 @@ async fn clear(t: &Target, names: &[String]) -> Result<(), Error> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for pv in &volumes {
-        while pvs.get_opt(pv).await?.is_some() {
+        while let Some(left) = pvs.get_opt(pv).await? {
+            let phase = left.status.and_then(|s| s.phase);
+            if released_ok && phase.as_deref() == Some("Released") {
+                break;
+            }
             if Instant::now() > deadline {
                 return Err(format!("PV {pv} still there after 300 s (its claim is gone)").into());
             }
@@ -559,7 +570,7 @@ async fn run(
                     }
                 }
                 samples.entry(class).or_default().extend(got);
-                clear(t, &names).await?;
+                clear(t, &names, args).await?;
             }
         }
         println!(
