@@ -514,12 +514,18 @@ async fn member_objects_cost_what_the_relay_serves() {
     })
     .await;
     requests(&mark_delete, "per DeleteVolume", volumes);
-    pvs.delete_collection(
-        &DeleteParams::default(),
-        &ListParams::default().labels(&format!("bench={run}")),
-    )
-    .await
-    .expect("delete PVs");
+    // One delete of thousands of PVs can outlast the API server's request
+    // timeout (it goes on server-side): again until none is left.
+    let ours = ListParams::default().labels(&format!("bench={run}"));
+    eventually("the test's PVs deleted", bulk_wait, || {
+        let (pvs, ours) = (pvs.clone(), ours.clone());
+        async move {
+            let _ = pvs.delete_collection(&DeleteParams::default(), &ours).await;
+            let left = pvs.list(&ours.clone().limit(1)).await.ok()?;
+            left.items.is_empty().then_some(())
+        }
+    })
+    .await;
     namespaces
         .delete(&ns, &DeleteParams::default())
         .await
