@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 /// The host's and the member's audit logs.
@@ -13,8 +14,8 @@ pub struct AuditLogs {
     logs: Vec<(&'static str, PathBuf)>,
 }
 
-/// Where each log stood: requests after it are counted.
-pub struct Mark(Vec<u64>);
+/// Where each log stood (file, length): requests after it are counted.
+pub struct Mark(Vec<(u64, u64)>);
 
 impl AuditLogs {
     /// Both clusters' logs, or why there are none.
@@ -45,7 +46,7 @@ impl AuditLogs {
         Mark(
             self.logs
                 .iter()
-                .map(|(_, p)| std::fs::metadata(p).map_or(0, |m| m.len()))
+                .map(|(_, p)| std::fs::metadata(p).map_or((0, 0), |m| (m.ino(), m.len())))
                 .collect(),
         )
     }
@@ -54,7 +55,14 @@ impl AuditLogs {
     /// "cluster verb resource[/subresource]".
     pub fn count_since(&self, mark: &Mark, agent: &str) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
-        for ((cluster, path), from) in self.logs.iter().zip(&mark.0) {
+        for ((cluster, path), (file, from)) in self.logs.iter().zip(&mark.0) {
+            let now = std::fs::metadata(path).map_or(0, |m| m.ino());
+            assert_eq!(
+                now,
+                *file,
+                "{} was rotated since the mark: its count would miss requests",
+                path.display()
+            );
             let mut text = String::new();
             let read = std::fs::File::open(path).and_then(|mut f| {
                 f.seek(SeekFrom::Start(*from))?;
