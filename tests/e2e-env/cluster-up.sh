@@ -26,10 +26,11 @@ API_PORT=$PORT_BASE; ETCD_PORT=$((PORT_BASE+1)); PEER_PORT=$((PORT_BASE+2)); KCM
 V=${V:-2}
 mkdir -p $R/pki $R/logs $R/pids $R/etcd
 AUDIT_ARGS=
+# An earlier run's log would pass for this one's.
+rm -f $R/logs/audit.log $R/logs/audit-*.log
 if [[ ${AUDIT:-0} == 1 ]]; then
   # One file for the whole run: a maxsize of 0 means 100 MB to the API
   # server's log rotation, and a count across a rotation loses requests.
-  rm -f $R/logs/audit.log $R/logs/audit-*.log
   AUDIT_ARGS="--audit-policy-file=$(cd "$(dirname "$0")" && pwd)/audit-policy.yaml --audit-log-path=$R/logs/audit.log --audit-log-format=json --audit-log-maxsize=1000000"
 fi
 chmod 700 $R/etcd
