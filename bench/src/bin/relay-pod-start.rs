@@ -508,13 +508,11 @@ async fn main() -> Result<(), Error> {
             clusters.insert(kubeconfig.clone(), (c, seen));
         }
         let (c, seen) = &clusters[&kubeconfig];
+        let class_at_node = spec.split('@').take(2).collect::<Vec<_>>().join("@");
         targets.push(Target {
             label: match schedulers.get(&class) {
-                Some(s) => format!(
-                    "{} [{s}]",
-                    spec.split('@').take(2).collect::<Vec<_>>().join("@")
-                ),
-                None => spec.split('@').take(2).collect::<Vec<_>>().join("@"),
+                Some(s) => format!("{class_at_node} [{s}]"),
+                None => class_at_node,
             },
             scheduler: schedulers.get(&class).cloned(),
             class,

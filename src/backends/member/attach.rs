@@ -149,11 +149,13 @@ pub async fn ensure_attached(
                 va.spec.node_name
             )));
         }
-        // The watch hands over the changed object itself; only a wait that
-        // ended without one reads it again.
+        // The watch hands over the changed object itself; a watch that
+        // stays quiet says nothing changed; only without a watch is the
+        // object read again.
         current = match next_change(&mut changes).await {
-            Some(changed) => changed,
-            None => cluster
+            Next::Changed(changed) => *changed,
+            Next::Unchanged => continue,
+            Next::Unknown => cluster
                 .fetch(&get_what, api.get(&name))
                 .await?
                 .ok_or_else(|| {
@@ -194,26 +196,38 @@ async fn watch_one(
     }
 }
 
+/// What one `POLL_INTERVAL` of waiting told.
+#[derive(Debug)]
+enum Next {
+    /// The watch handed over the changed object.
+    Changed(Box<VolumeAttachment>),
+    /// The watch is up and reported nothing: the object is as it was. (A
+    /// watch that stays silent past the client's read timeout fails, and
+    /// is dropped.)
+    Unchanged,
+    /// No watch: the object must be read.
+    Unknown,
+}
+
 /// Waits for the next change the watch reports, or `POLL_INTERVAL` at
-/// most, and returns the changed object. None: no change came in time, or
-/// the watch ended or failed (a partition, a version too old, a deletion)
-/// and is dropped; the caller then reads the object, so the poll goes on
-/// alone and the watch only ever makes the wait shorter.
-async fn next_change(changes: &mut Option<Changes>) -> Option<VolumeAttachment> {
+/// most. A watch that ends or fails (a partition, a version too old, a
+/// deletion) is dropped, and the caller reads the object from then on, so
+/// the watch only ever makes the wait shorter.
+async fn next_change(changes: &mut Option<Changes>) -> Next {
     use futures::StreamExt;
     let Some(stream) = changes.as_mut() else {
         tokio::time::sleep(POLL_INTERVAL).await;
-        return None;
+        return Next::Unknown;
     };
     match tokio::time::timeout(POLL_INTERVAL, stream.next()).await {
         Ok(Some(Ok(kube::api::WatchEvent::Added(va) | kube::api::WatchEvent::Modified(va)))) => {
-            Some(va)
+            Next::Changed(Box::new(va))
         }
-        Err(_) => None,
+        Err(_) => Next::Unchanged,
         Ok(Some(Ok(_))) | Ok(Some(Err(_))) | Ok(None) => {
             *changes = None;
             tokio::time::sleep(POLL_INTERVAL).await;
-            None
+            Next::Unknown
         }
     }
 }
@@ -371,7 +385,10 @@ mod tests {
         let mut changes = stream(vec![Ok(WatchEvent::Modified(va(true)))]);
         let started = tokio::time::Instant::now();
         let got = next_change(&mut changes).await;
-        assert!(got.is_some_and(|v| v.status.is_some_and(|s| s.attached)));
+        assert!(
+            matches!(&got, Next::Changed(v) if v.status.as_ref().is_some_and(|s| s.attached)),
+            "{got:?}"
+        );
         assert_eq!(started.elapsed(), Duration::ZERO);
         assert!(changes.is_some(), "a watch that delivers is kept");
     }
@@ -388,12 +405,12 @@ mod tests {
         ] {
             let mut changes = stream(events);
             let started = tokio::time::Instant::now();
-            assert!(next_change(&mut changes).await.is_none());
+            assert!(matches!(next_change(&mut changes).await, Next::Unknown));
             assert!(changes.is_none(), "the broken watch is dropped");
             assert_eq!(started.elapsed(), POLL_INTERVAL, "the poll's pace is kept");
             // Without a watch the wait is the poll alone.
             let started = tokio::time::Instant::now();
-            assert!(next_change(&mut changes).await.is_none());
+            assert!(matches!(next_change(&mut changes).await, Next::Unknown));
             assert_eq!(started.elapsed(), POLL_INTERVAL);
         }
     }
@@ -402,7 +419,8 @@ mod tests {
     async fn a_quiet_watch_is_kept_and_waits_one_poll_interval() {
         let mut changes: Option<Changes> = Some(Box::pin(futures::stream::pending()));
         let started = tokio::time::Instant::now();
-        assert!(next_change(&mut changes).await.is_none());
+        // Nothing changed: no read is needed.
+        assert!(matches!(next_change(&mut changes).await, Next::Unchanged));
         assert_eq!(started.elapsed(), POLL_INTERVAL);
         assert!(changes.is_some());
     }
