@@ -182,6 +182,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     .await
                     .map_err(StartError::Config)?;
             let (view, start_summary) = crate::k8s::relay_summary::watch(watches);
+            let seen = view.clone();
             let controller_writer = writer.clone().with_view(view);
             let controller_copy = Arc::new(RelayMirror::new(
                 controller_writer.clone(),
@@ -223,6 +224,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                             client,
                             host.clone()
                                 .with_timeout(crate::k8s::relay_volume::OBSERVER_TIMEOUT),
+                            seen.clone(),
                         );
                     }
                     Ok(())

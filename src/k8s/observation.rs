@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use serde::de::DeserializeOwned;
@@ -52,6 +53,10 @@ const NAMESPACE_WATCHES: usize = 32;
 const ALL_NAMESPACES: &str = "";
 /// The longest wait before a failed write or read is tried again.
 const MAX_RETRY: Duration = Duration::from_secs(30);
+/// How long writes wait for a new pod watch's first listing: a volume
+/// computed from its claim without its pods would be written a lower state
+/// and then its own again (at a controller's start, every volume).
+const LIST_GRACE: Duration = Duration::from_secs(30);
 
 /// The entry key of a member node in `status.nodes`: `<member>/<node>`,
 /// which no host node name can be (a name has no '/').
@@ -276,7 +281,10 @@ impl Retries {
 /// Watches `member` (through `watch_client`, whose read timeout suits
 /// watches) and keeps the RelayVolumes in `host` up to date, until the
 /// process ends.
-pub fn spawn(member: String, watch_client: kube::Client, host: Cluster) {
+/// `seen`: the controller's view of the RelayVolumes, so what they already
+/// hold is not written again (a new controller would otherwise rewrite
+/// every volume's entries).
+pub fn spawn(member: String, watch_client: kube::Client, host: Cluster, seen: Store<RelayVolume>) {
     let (tx, rx) = mpsc::channel(1024);
     let relay_only =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
@@ -298,7 +306,8 @@ pub fn spawn(member: String, watch_client: kube::Client, host: Cluster) {
         tx.clone(),
         Change::Nodes,
     );
-    let observer = Observer::new(member, watch_client, host, tx);
+    let mut observer = Observer::new(member, watch_client, host, tx);
+    observer.seen = Some(seen);
     tokio::spawn(observer.run(rx));
 }
 
@@ -311,6 +320,10 @@ struct Observer {
     dirty: Dirty,
     /// The status entries last written per volume id.
     written: HashMap<String, Vec<RelayNodeStatus>>,
+    /// The RelayVolumes as the controller watches them.
+    seen: Option<Store<RelayVolume>>,
+    /// Pod watches (by scope) that have not listed yet, since when.
+    unlisted: HashMap<String, Instant>,
     /// Namespace → the number of its pod watch, and the watch.
     pod_watches: HashMap<String, (u64, AbortHandle)>,
     next_watch: u64,
@@ -330,6 +343,8 @@ impl Observer {
             view: MemberView::default(),
             dirty: Dirty::new(),
             written: HashMap::new(),
+            seen: None,
+            unlisted: HashMap::new(),
             pod_watches: HashMap::new(),
             next_watch: 0,
             reading: BTreeSet::new(),
@@ -339,6 +354,10 @@ impl Observer {
     }
 
     async fn run(mut self, mut rx: mpsc::Receiver<Change>) {
+        // What the objects hold is compared before anything is written.
+        if let Some(seen) = &self.seen {
+            let _ = tokio::time::timeout(LIST_GRACE, seen.wait_until_ready()).await;
+        }
         let mut tick = tokio::time::interval(SETTLE);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -390,6 +409,9 @@ impl Observer {
             } => {
                 // A stopped watch's last news is stale.
                 if self.pod_watches.get(&namespace).map(|(n, _)| *n) == Some(watch) {
+                    if matches!(sync, Sync::Replace(_)) {
+                        self.unlisted.remove(&namespace);
+                    }
                     sync_into(
                         view,
                         dirty,
@@ -446,6 +468,7 @@ impl Observer {
             if let Some((_, watch)) = self.pod_watches.remove(&scope) {
                 watch.abort();
             }
+            self.unlisted.remove(&scope);
             // Pods of namespaces still wanted stay until their new watch
             // lists them again.
             for key in self.view.pod_keys_in(&scope) {
@@ -478,6 +501,7 @@ impl Observer {
                 },
             );
             tracing::debug!(member = %self.member, namespace = %scope, "pod watch started");
+            self.unlisted.insert(scope.clone(), Instant::now());
             self.pod_watches.insert(scope, (watch, handle));
         }
     }
@@ -513,6 +537,13 @@ impl Observer {
             return;
         }
         let now = Instant::now();
+        if self
+            .unlisted
+            .values()
+            .any(|since| now < *since + LIST_GRACE)
+        {
+            return;
+        }
         let (later, due): (Dirty, Dirty) = std::mem::take(&mut self.dirty)
             .into_iter()
             .partition(|id| self.write_retries.waiting(id, now));
@@ -537,6 +568,13 @@ impl Observer {
                 None if self.written.contains_key(&id) => Vec::new(),
                 None => continue,
             };
+            if !self.written.contains_key(&id)
+                && claimed
+                && self.held(&id) == Some(sorted(&entries))
+            {
+                self.written.insert(id, entries);
+                continue;
+            }
             if self.written.get(&id) == Some(&entries) {
                 continue;
             }
@@ -570,6 +608,30 @@ impl Observer {
             }
         }
     }
+}
+
+impl Observer {
+    /// This member's entries that volume `id`'s RelayVolume holds, by node;
+    /// `None` when the object is not in the view.
+    fn held(&self, id: &str) -> Option<Vec<RelayNodeStatus>> {
+        let obj = self.seen.as_ref()?.get(&ObjectRef::new(&object_name(id)))?;
+        let mine: Vec<RelayNodeStatus> = obj
+            .status
+            .as_ref()
+            .and_then(|s| s.nodes.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|e| e.member.as_deref() == Some(self.member.as_str()))
+            .cloned()
+            .collect();
+        Some(sorted(&mine))
+    }
+}
+
+fn sorted(entries: &[RelayNodeStatus]) -> Vec<RelayNodeStatus> {
+    let mut v = entries.to_vec();
+    v.sort_by(|a, b| a.node.cmp(&b.node));
+    v
 }
 
 /// Applies one volume's member entries; whether they landed.

@@ -325,3 +325,81 @@ async fn many_namespaces_share_one_cluster_wide_pod_watch() {
         "ns2's pods are forgotten with its watch"
     );
 }
+
+/// A RelayVolume of `id` as the controller's view holds it, with `entries`.
+fn held_object(id: &str, entries: serde_json::Value) -> RelayVolume {
+    let mut obj = RelayVolume::new(
+        &object_name(id),
+        crate::k8s::relay_volume::RelayVolumeSpec {
+            volume_id: id.into(),
+            volume_name: "pvc-x".into(),
+            capacity_bytes: 1,
+            member: Some("east".into()),
+            member_pvc: None,
+            host_pvc: None,
+            record: String::new(),
+            format_version: 1,
+        },
+    );
+    obj.status = Some(serde_json::from_value(json!({"nodes": entries})).expect("status"));
+    obj
+}
+
+// A new controller's observer finds the member as the objects already
+// say (a restart, a failover): it writes only the volume whose entries
+// differ, not every volume again. Writes also wait for the pod listing of
+// a new namespace, so no volume is first written without its pods.
+#[tokio::test(start_paused = true)]
+async fn a_new_observer_writes_only_what_the_objects_do_not_hold() {
+    let (member_client, mut member) = testing::client();
+    let (host, mut host_api) = testing::host();
+    let (tx, mut rx) = mpsc::channel(16);
+    let mut o = Observer::new("east".into(), member_client, host, tx);
+    let (seen, mut view) = kube::runtime::reflector::store::<RelayVolume>();
+    let running = json!([{"node": "east/n1", "member": "east", "phase": "PUBLISHED",
+                          "pods": ["shop/user-of-pvc1"]}]);
+    // V1 holds its running pod's entry (and a host node's, not this
+    // observer's); V2 holds a state its pods no longer have.
+    let mut v1 = running.clone();
+    if let Some(list) = v1.as_array_mut() {
+        list.insert(0, json!({"node": "host-a", "attached": true}));
+    }
+    view.apply_watcher_event(&watcher::Event::Apply(held_object(V1, v1)));
+    view.apply_watcher_event(&watcher::Event::Apply(held_object(V2, running)));
+    o.seen = Some(seen);
+
+    o.apply(Change::Claims(Sync::Replace(vec![
+        (key("shop", "pvc1"), claim(V1, "pv-1")),
+        (key("shop", "pvc2"), claim(V2, "pv-2")),
+    ])));
+    o.read_pvs();
+    // Before the pod watch has listed, nothing is written.
+    o.write().await;
+    host_api.expect_idle().await;
+    let _watching = serve_member(&mut member, "shop", 2).await;
+    settle(&mut o, &mut rx, 3).await;
+    o.apply(pod_running(1, "pvc1"));
+
+    let ((), written) = tokio::join!(o.write(), serve_host(&mut host_api, 1, 200));
+    assert_eq!(written, [(V2.into(), json!([]))], "only V2 differs");
+    o.write().await;
+    host_api.expect_idle().await;
+}
+
+// A pod watch that never lists holds the writes for a bounded time only.
+#[tokio::test(start_paused = true)]
+async fn writes_wait_for_a_pod_listing_only_so_long() {
+    let (member_client, _member) = testing::client();
+    let (host, mut host_api) = testing::host();
+    let (tx, _rx) = mpsc::channel(16);
+    let mut o = Observer::new("east".into(), member_client, host, tx);
+    o.apply(Change::Claims(Sync::Replace(vec![(
+        key("shop", "pvc1"),
+        claim(V1, "pv-1"),
+    )])));
+    o.write().await;
+    host_api.expect_idle().await;
+    tokio::time::advance(LIST_GRACE).await;
+    let ((), written) = tokio::join!(o.write(), serve_host(&mut host_api, 1, 200));
+    assert_eq!(written, [(V1.into(), json!([]))]);
+}
