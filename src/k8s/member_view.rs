@@ -121,7 +121,7 @@ impl MemberView {
     }
 
     /// PVs relay claims are bound to that were not read yet.
-    pub fn unresolved(&self) -> impl Iterator<Item = &String> {
+    pub fn unresolved(&self) -> impl ExactSizeIterator<Item = &String> {
         self.unresolved.iter()
     }
 

@@ -7,7 +7,8 @@
 //! of the relay's business, so only what concerns relay claims is watched
 //! and kept, in slim form ([`watched`](crate::k8s::watched)):
 //! - the relay's claims, by label, cluster-wide;
-//! - the PVs they are bound to, read once by name when a claim binds (no
+//! - the PVs they are bound to, read once by name when a claim binds, a
+//!   few at a time, the next as one ends (no
 //!   watch: what the states read of a PV does not change once bound);
 //! - VolumeAttachments and Nodes, cluster-wide (nodes for
 //!   `status.volumesInUse`; an attachment or node keeps a few names);
@@ -322,6 +323,8 @@ struct Observer {
     written: HashMap<String, Vec<RelayNodeStatus>>,
     /// The RelayVolumes as the controller watches them.
     seen: Option<Store<RelayVolume>>,
+    /// Whether `seen` has listed: an object it lacks is then new.
+    seen_listed: bool,
     /// Pod watches (by scope) that have not listed yet, since when.
     unlisted: HashMap<String, Instant>,
     /// Namespace → the number of its pod watch, and the watch.
@@ -344,6 +347,7 @@ impl Observer {
             dirty: Dirty::new(),
             written: HashMap::new(),
             seen: None,
+            seen_listed: false,
             unlisted: HashMap::new(),
             pod_watches: HashMap::new(),
             next_watch: 0,
@@ -356,7 +360,9 @@ impl Observer {
     async fn run(mut self, mut rx: mpsc::Receiver<Change>) {
         // What the objects hold is compared before anything is written.
         if let Some(seen) = &self.seen {
-            let _ = tokio::time::timeout(LIST_GRACE, seen.wait_until_ready()).await;
+            self.seen_listed = tokio::time::timeout(LIST_GRACE, seen.wait_until_ready())
+                .await
+                .is_ok_and(|ready| ready.is_ok());
         }
         let mut tick = tokio::time::interval(SETTLE);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -367,6 +373,11 @@ impl Observer {
                     None => return,
                 },
                 _ = tick.tick() => {
+                    crate::rt::metrics::member_claims(
+                        &self.member,
+                        self.view.claim_count(),
+                        self.view.unresolved().len(),
+                    );
                     self.read_pvs();
                     self.write().await;
                 }
@@ -387,6 +398,7 @@ impl Observer {
                     |v, key, claim, d| v.set_claim(key, claim, d),
                 );
                 self.follow_namespaces();
+                self.read_pvs();
             }
             Change::Attachments(sync) => sync_into(
                 view,
@@ -436,6 +448,10 @@ impl Observer {
                         self.pv_retries.failed(&name);
                     }
                 }
+                // The next read starts as one ends, not at the next tick:
+                // a new controller reads every bound claim's PV, which at
+                // 8 per tick took 10 minutes for 10,000.
+                self.read_pvs();
             }
         }
     }
@@ -612,14 +628,17 @@ impl Observer {
 
 impl Observer {
     /// This member's entries that volume `id`'s RelayVolume holds, by node;
-    /// `None` when the object is not in the view.
+    /// `None` when that is not known. An object the listed view lacks has
+    /// none: it is new (its first event not in yet), or not there.
     fn held(&self, id: &str) -> Option<Vec<RelayNodeStatus>> {
-        let obj = self.seen.as_ref()?.get(&ObjectRef::new(&object_name(id)))?;
+        let obj = self.seen.as_ref()?.get(&ObjectRef::new(&object_name(id)));
+        if obj.is_none() && !self.seen_listed {
+            return None;
+        }
         let mine: Vec<RelayNodeStatus> = obj
-            .status
-            .as_ref()
-            .and_then(|s| s.nodes.as_ref())
-            .into_iter()
+            .iter()
+            .filter_map(|o| o.status.as_ref())
+            .filter_map(|s| s.nodes.as_ref())
             .flatten()
             .filter(|e| e.member.as_deref() == Some(self.member.as_str()))
             .cloned()

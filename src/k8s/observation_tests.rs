@@ -403,3 +403,98 @@ async fn writes_wait_for_a_pod_listing_only_so_long() {
     let ((), written) = tokio::join!(o.write(), serve_host(&mut host_api, 1, 200));
     assert_eq!(written, [(V1.into(), json!([]))]);
 }
+
+// A PV read that ends starts the next one at once: reads are not paced by
+// the write tick (8 per tick took a new controller 10 minutes to read
+// 10,000 claims' PVs), and never more than PARALLEL run at once.
+#[tokio::test(start_paused = true)]
+async fn each_pv_read_that_ends_starts_the_next_without_waiting_for_a_tick() {
+    let (member_client, mut member) = testing::client();
+    let (host, _host_api) = testing::host();
+    let (tx, mut rx) = mpsc::channel(64);
+    let mut o = Observer::new("east".into(), member_client, host, tx);
+    let n = PARALLEL * 3;
+    o.apply(Change::Claims(Sync::Replace(
+        (0..n)
+            .map(|i| {
+                let id = format!("m-east-{i:032x}");
+                (
+                    key("shop", &format!("pvc{i}")),
+                    claim(&id, &format!("pv-{i}")),
+                )
+            })
+            .collect(),
+    )));
+    assert_eq!(
+        o.reading.len(),
+        PARALLEL,
+        "the first reads start with the claims"
+    );
+    let mut watching = Pending::new();
+    let served = async {
+        let mut read = 0;
+        while read < n {
+            let call = member.next().await;
+            let Some(i) = call.path.strip_prefix("/api/v1/persistentvolumes/pv-") else {
+                match call.query_map().contains_key("watch") {
+                    true => watching.push(call.hang()),
+                    false => call.ok(json!({"kind": "PodList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "5"}, "items": []})),
+                }
+                continue;
+            };
+            let i = i.to_string();
+            call.ok(json!({"kind": "PersistentVolume", "apiVersion": "v1",
+                "metadata": {"name": format!("pv-{i}")},
+                "spec": {"claimRef": {"namespace": "shop", "name": format!("pvc{i}"), "uid": format!("uid-pv-{i}")},
+                         "csi": {"driver": "d", "volumeHandle": format!("h-{i}")}}}));
+            read += 1;
+            loop {
+                let change = rx.recv().await.expect("a change");
+                let was_read = matches!(change, Change::Volume { .. });
+                o.apply(change);
+                assert!(
+                    o.reading.len() <= PARALLEL,
+                    "{} reads at once",
+                    o.reading.len()
+                );
+                if was_read {
+                    break;
+                }
+            }
+        }
+    };
+    // No tick runs here: under reads paced by it, the ninth never starts.
+    tokio::time::timeout(SETTLE, served)
+        .await
+        .expect("every PV read without a tick");
+    assert_eq!(o.view.unresolved().count(), 0);
+    assert!(o.reading.is_empty());
+}
+
+// A volume whose object the listed view lacks is new: it holds no entries
+// of this member, so empty ones are not written (they were one status
+// patch more per new volume). A view that has not listed knows nothing.
+#[tokio::test(start_paused = true)]
+async fn a_new_object_gets_no_empty_entries_once_the_view_has_listed() {
+    let (member_client, _member) = testing::client();
+    let (host, mut host_api) = testing::host();
+    let (tx, _rx) = mpsc::channel(16);
+    let mut o = Observer::new("east".into(), member_client, host, tx);
+    let (seen, _view) = kube::runtime::reflector::store::<RelayVolume>();
+    o.seen = Some(seen);
+    o.seen_listed = true;
+    o.apply(Change::Claims(Sync::Replace(vec![(
+        key("shop", "pvc1"),
+        claim(V1, "pv-1"),
+    )])));
+    tokio::time::advance(LIST_GRACE).await;
+    o.write().await;
+    host_api.expect_idle().await;
+
+    o.seen_listed = false;
+    o.written.clear();
+    o.dirty.insert(V1.into());
+    let ((), written) = tokio::join!(o.write(), serve_host(&mut host_api, 1, 200));
+    assert_eq!(written, [(V1.into(), json!([]))]);
+}

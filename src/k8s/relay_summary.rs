@@ -10,7 +10,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::k8s::naming;
-use crate::k8s::relay_volume::{summary, RelayVolume, RelayVolumeObserver};
+use crate::k8s::relay_volume::{object_name, summary, RelayVolume, RelayVolumeObserver};
 
 /// Starts watching RelayVolumes through `watch_client`; returns the view
 /// the controller's writer reads entries from, and what starts the
@@ -63,22 +63,40 @@ pub fn watch(
 /// lost.)
 async fn catch_up(store: &crate::store::Store, relay: &RelayVolumeObserver, obj: &RelayVolume) {
     let id = &obj.spec.volume_id;
-    let Ok(Some(vol)) = store.volume(id) else {
-        return;
-    };
-    let (phase, nodes) = summary(&vol, obj.status.as_ref());
-    let current = obj.status.as_ref();
-    let lags = current.and_then(|s| s.phase.as_deref()) != Some(phase.as_str())
-        || current.and_then(|s| s.node_summary.as_deref()) != Some(nodes.as_str());
-    if lags {
+    let mut seen = std::borrow::Cow::Borrowed(obj);
+    // A failed write is tried once more onto a newer version the view may
+    // hold: its event may have been passed over while the write was
+    // thought to be on its way.
+    for _ in 0..2 {
+        let Ok(Some(vol)) = store.volume(id) else {
+            return;
+        };
+        let (phase, nodes) = summary(&vol, seen.status.as_ref());
+        let current = seen.status.as_ref();
+        let lags = current.and_then(|s| s.phase.as_deref()) != Some(phase.as_str())
+            || current.and_then(|s| s.node_summary.as_deref()) != Some(nodes.as_str());
+        // What this controller already sent is on its way (the event is of
+        // an earlier write) or on the object (and its own event follows).
+        if !lags || relay.has_sent(id, &phase, &nodes) {
+            return;
+        }
         tracing::debug!(volume_id = %id, phase, nodes, "RelayVolume summary catches up with its entries");
         // Onto the version the event showed: the record read from the store
         // may have been removed since (a volume released, whose object stays
         // as its record), and an object that changed meanwhile raises an
         // event of its own.
-        let version = obj.metadata.resource_version.as_deref();
-        if let Err(e) = relay.apply_status_onto(&vol, version).await {
-            tracing::debug!(volume_id = %id, error = %e, "RelayVolume summary not caught up; the next event retries");
+        let version = seen.metadata.resource_version.clone();
+        match relay.apply_status_onto(&vol, version.as_deref()).await {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(volume_id = %id, error = %e, "RelayVolume summary not caught up; the next event retries");
+                match relay.watched(&object_name(id)) {
+                    Some(newer) if newer.metadata.resource_version != version => {
+                        seen = std::borrow::Cow::Owned((*newer).clone());
+                    }
+                    _ => return,
+                }
+            }
         }
     }
 }
@@ -131,5 +149,102 @@ mod tests {
             call.not_found();
             api.expect_idle().await;
         });
+    }
+
+    fn member_volume() -> crate::domain::volume::Volume {
+        let mut vol =
+            crate::domain::volume::sample("m-east-0123456789abcdef0123456789abcdef", "pvc-a");
+        vol.backing = crate::domain::volume::Backing::Member {
+            member: "east".into(),
+            namespace: "relay".into(),
+            pvc: "relay-0123456789abcdef0123456789abcdef".into(),
+            selected_node: None,
+        };
+        vol
+    }
+
+    fn watched(vol: &crate::domain::volume::Volume, version: &str, phase: &str) -> RelayVolume {
+        let mut obj = RelayVolume::new(&object_name(&vol.id), spec_of(vol).unwrap());
+        obj.metadata.resource_version = Some(version.into());
+        obj.status = Some(crate::k8s::relay_volume::RelayVolumeStatus {
+            phase: Some(phase.into()),
+            node_summary: Some(String::new()),
+            ..Default::default()
+        });
+        obj
+    }
+
+    fn member_entry(phase: &str) -> crate::k8s::relay_volume::RelayNodeStatus {
+        crate::k8s::relay_volume::RelayNodeStatus {
+            node: "east/n1".into(),
+            member: Some("east".into()),
+            phase: Some(phase.into()),
+            ..Default::default()
+        }
+    }
+
+    // The events of the controller's own earlier writes (PROVISIONING, then
+    // the record's CREATED on its way) are not written again: each was one
+    // status patch more per volume. An entry of another writer still is.
+    #[tokio::test(start_paused = true)]
+    async fn the_event_of_its_own_earlier_write_is_not_caught_up() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
+        let vol = member_volume();
+        driver.put_volume(&vol).await.unwrap();
+        let (reader, mut writer) = reflector::store::<RelayVolume>();
+        let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
+            .with_view(reader);
+        let (landed, ()) = tokio::join!(relay.apply_status(&vol), async {
+            let call = api.next().await;
+            assert_eq!(call.body["status"]["phase"], "CREATED");
+            call.ok(serde_json::to_value(watched(&vol, "50", "CREATED")).unwrap());
+        });
+        assert!(landed.unwrap());
+        let mut obj = watched(&vol, "40", "PROVISIONING");
+        writer.apply_watcher_event(&watcher::Event::Apply(obj.clone()));
+        catch_up(&driver.store, &relay, &obj).await;
+        api.expect_idle().await;
+
+        obj.status.as_mut().unwrap().nodes = Some(vec![member_entry("NODE_READY")]);
+        obj.metadata.resource_version = Some("45".into());
+        writer.apply_watcher_event(&watcher::Event::Apply(obj.clone()));
+        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &obj), async {
+            let call = api.next().await;
+            assert_eq!(call.body["status"]["phase"], "NODE_READY");
+            call.ok(serde_json::to_value(watched(&vol, "50", "CREATED")).unwrap());
+        });
+        api.expect_idle().await;
+    }
+
+    // A catch-up refused for a changed object is tried once more onto the
+    // newer version the view holds: that version's event was passed over
+    // while the first write was on its way with the same summary.
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_catch_up_is_tried_again_onto_the_newer_object() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
+        let vol = member_volume();
+        driver.put_volume(&vol).await.unwrap();
+        let (reader, mut writer) = reflector::store::<RelayVolume>();
+        let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
+            .with_view(reader);
+        let mut older = watched(&vol, "41", "CREATED");
+        older.status.as_mut().unwrap().nodes = Some(vec![member_entry("NODE_READY")]);
+        let mut newer = older.clone();
+        newer.metadata.resource_version = Some("42".into());
+        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &older), async {
+            let call = api.next().await;
+            assert_eq!(call.body["metadata"]["resourceVersion"], "41");
+            writer.apply_watcher_event(&watcher::Event::Apply(newer.clone()));
+            call.status(409, "Conflict", "the object has been modified");
+            let call = tokio::time::timeout(std::time::Duration::from_secs(5), api.next())
+                .await
+                .expect("a second write, onto the newer version");
+            assert_eq!(call.body["metadata"]["resourceVersion"], "42");
+            assert_eq!(call.body["status"]["phase"], "NODE_READY");
+            call.ok(serde_json::to_value(watched(&vol, "50", "CREATED")).unwrap());
+        });
+        api.expect_idle().await;
     }
 }

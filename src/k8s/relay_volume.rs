@@ -9,7 +9,8 @@
 //! targets. `status.nodes` is a list-map keyed by `node`, so applies of
 //! different writers merge per node.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -24,6 +25,7 @@ use crate::domain::volume::{Backing, Lifecycle, NodeRecord, Phase, Volume};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::{self, MemberVolume};
 use crate::k8s::FIELD_MANAGER;
+use crate::rt::unpoisoned::lock;
 use crate::store::Store;
 
 pub const GROUP: &str = "relay.csi.dev";
@@ -389,6 +391,12 @@ pub struct RelayVolumeObserver {
     role: Role,
     /// The RelayVolumes as watched (controller): every writer's entries.
     view: Option<kube::runtime::reflector::Store<RelayVolume>>,
+    /// The phase and node summary the controller last sent, by object
+    /// name: the watch events of its own earlier writes, which arrive
+    /// after it moved on, are then not taken for a summary that lags
+    /// (`relay_summary`; each was a status patch more per volume). Set
+    /// before a write goes, so one in flight counts; dropped when it fails.
+    sent: Arc<Mutex<HashMap<String, (String, String)>>>,
 }
 
 impl RelayVolumeObserver {
@@ -397,6 +405,7 @@ impl RelayVolumeObserver {
             host: host.with_timeout(OBSERVER_TIMEOUT),
             role,
             view: None,
+            sent: Arc::default(),
         }
     }
 
@@ -407,10 +416,22 @@ impl RelayVolumeObserver {
     }
 
     fn seen(&self, name: &str) -> Option<RelayVolumeStatus> {
-        let view = self.view.as_ref()?;
-        view.get(&kube::runtime::reflector::ObjectRef::new(name))?
-            .status
-            .clone()
+        self.watched(name)?.status.clone()
+    }
+
+    /// Object `name` as last watched.
+    pub fn watched(&self, name: &str) -> Option<Arc<RelayVolume>> {
+        self.view
+            .as_ref()?
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+    }
+
+    /// Whether the last phase and node summary sent for volume `id`'s
+    /// object (landed, or still on its way) are these.
+    pub fn has_sent(&self, id: &str, phase: &str, nodes: &str) -> bool {
+        lock(&self.sent)
+            .get(&object_name(id))
+            .is_some_and(|(p, n)| p == phase && n == nodes)
     }
 
     fn api(&self) -> Api<RelayVolume> {
@@ -461,14 +482,19 @@ impl RelayVolumeObserver {
         let name = object_name(&vol.id);
         let params = PatchParams::apply(&self.role.field_manager()).force();
         let seen = self.seen(&name);
-        let mut body = apply_body(
-            &name,
-            "status",
-            encode(&status_of(vol, &self.role, seen.as_ref()))?,
-        );
+        let status = status_of(vol, &self.role, seen.as_ref());
+        let mut body = apply_body(&name, "status", encode(&status)?);
         if let Some(version) = resource_version {
             body["metadata"]["resourceVersion"] = version.into();
         }
+        let summary = match (&status.phase, &status.node_summary) {
+            (Some(phase), Some(nodes)) => {
+                let summary = (phase.clone(), nodes.clone());
+                lock(&self.sent).insert(name.clone(), summary.clone());
+                Some(summary)
+            }
+            _ => None,
+        };
         let api = self.api();
         let patch = Patch::Apply(&body);
         let applied = self
@@ -477,8 +503,15 @@ impl RelayVolumeObserver {
                 &format!("apply RelayVolume {name} status"),
                 api.patch_status(&name, &params, &patch),
             )
-            .await?;
-        Ok(applied.is_some())
+            .await;
+        if !matches!(applied, Ok(Some(_))) {
+            // Not on the object: forgotten, unless a later write replaced it.
+            let mut sent = lock(&self.sent);
+            if summary.is_some() && sent.get(&name) == summary.as_ref() {
+                sent.remove(&name);
+            }
+        }
+        Ok(applied?.is_some())
     }
 
     /// Whether the watched object shows a failure (`status.lastError`).
@@ -570,6 +603,7 @@ impl RelayVolumeObserver {
                         self.api().delete(&name, &DeleteParams::default()),
                     )
                     .await?;
+                lock(&self.sent).remove(&name);
             }
             Role::Node { .. } => {
                 let params = PatchParams::apply(&self.role.field_manager()).force();

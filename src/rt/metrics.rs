@@ -1,7 +1,8 @@
 //! The Prometheus metrics: RPCs by method and code and their latency,
 //! housekeeping actions, state store syncs, Kubernetes API requests by
 //! cluster and whether each cluster answers, unfinished volumes and the age
-//! of the oldest create, and leadership. `/metrics` serves the registry
+//! of the oldest create, the member claims observed and their PVs not read
+//! yet, and leadership. `/metrics` serves the registry
 //! (`app::metrics_http`); deploy/monitoring's alerts and dashboard use them.
 
 use std::sync::OnceLock;
@@ -20,6 +21,8 @@ pub struct Metrics {
     reachable: IntGaugeVec,
     unfinished: IntGaugeVec,
     provisioning_oldest: IntGauge,
+    member_claims: IntGaugeVec,
+    member_unread: IntGaugeVec,
     leader: IntGauge,
 }
 
@@ -97,6 +100,22 @@ fn build() -> Result<Metrics, prometheus::Error> {
         "Age of the oldest volume whose CreateVolume has not finished, at the last \
          housekeeping sweep (0: none)",
     ))?;
+    let member_claims = IntGaugeVec::new(
+        Opts::new(
+            "member_claims",
+            "Relay claims the member observation holds, by member",
+        ),
+        &["member"],
+    )?;
+    let member_unread = IntGaugeVec::new(
+        Opts::new(
+            "member_unread_volumes",
+            "Relay claims in a member bound to a PV that the relay has not read yet \
+             (or could not read): until it does, their attachments and in-use states \
+             there are not seen",
+        ),
+        &["member"],
+    )?;
     let leader = IntGauge::with_opts(Opts::new(
         "leader",
         "1 while this controller holds its leader Lease (--leader-election), 0 while it waits",
@@ -114,6 +133,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(reachable.clone()))?;
     registry.register(Box::new(unfinished.clone()))?;
     registry.register(Box::new(provisioning_oldest.clone()))?;
+    registry.register(Box::new(member_claims.clone()))?;
+    registry.register(Box::new(member_unread.clone()))?;
     Ok(Metrics {
         registry,
         calls,
@@ -124,6 +145,8 @@ fn build() -> Result<Metrics, prometheus::Error> {
         reachable,
         unfinished,
         provisioning_oldest,
+        member_claims,
+        member_unread,
         leader,
     })
 }
@@ -194,6 +217,20 @@ pub fn unfinished_volumes(provisioning: usize, oldest_provisioning: i64, deletin
             .with_label_values(&["deleting"])
             .set(count(deleting));
         m.provisioning_oldest.set(oldest_provisioning.max(0));
+    }
+}
+
+/// What the observation of `member` holds: its relay claims, and how many
+/// of those are bound to a PV not read yet.
+pub fn member_claims(member: &str, claims: usize, unread: usize) {
+    if let Some(m) = metrics() {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        m.member_claims
+            .with_label_values(&[member])
+            .set(count(claims));
+        m.member_unread
+            .with_label_values(&[member])
+            .set(count(unread));
     }
 }
 

@@ -406,14 +406,38 @@ async fn member_objects_cost_what_the_relay_serves() {
     ));
     d.stop();
     let mark_start = audit.as_ref().map(AuditLogs::mark);
+    let metrics = crate::node_support::free_addr();
     let t = Instant::now();
     let mut d = e2e_support::start_member_relay(
         &env,
         "scale-controller-rebuilt",
-        &["--mode", "controller"],
+        &["--mode", "controller", "--metrics-address", &metrics],
     )
     .await;
     let startup = t.elapsed();
+    // Its member observation is whole once it holds every claim and has
+    // read every claim's PV (attachments and in-use lists need them).
+    loop {
+        let held =
+            crate::node_support::metric(&metrics, "csi_relay_member_claims{member=\"e2e\"}").await;
+        let unread = crate::node_support::metric(
+            &metrics,
+            "csi_relay_member_unread_volumes{member=\"e2e\"}",
+        )
+        .await;
+        if held as usize >= volumes && unread == 0.0 {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(1800),
+            "member observation incomplete: {held} claims, {unread} PVs unread"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    figure(&format!(
+        "a new controller, {volumes} member claims: every claim's PV read {:.2} s after start",
+        t.elapsed().as_secs_f64()
+    ));
     let pid = d.pid().expect("controller pid");
     let (rss_rebuilt, _) = settled(pid).await;
     figure(&format!(
