@@ -324,8 +324,28 @@ async fn relay_volumes_of_a_newer_format_stop_the_rebuild_before_anything_is_wri
     let vol = volume();
     let mut newer = item(&vol);
     newer["spec"]["formatVersion"] = json!(FORMAT + 1);
+    // Listed by pages; a page before the newer object's is not restored.
+    let first = {
+        let mut v = volume();
+        v.id = "m-east-ffffffffffffffffffffffffffffffff".into();
+        v.name = "pvc-first".into();
+        v
+    };
     let (result, ()) = tokio::join!(rebuild(&host, &driver.store), async {
-        api.expect("GET", RV).await.ok(json!({
+        let call = api.expect("GET", RV).await;
+        assert_eq!(
+            call.query_map().get("limit").map(String::as_str),
+            Some("500")
+        );
+        call.ok(json!({
+            "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList",
+            "metadata": {"continue": "page-2"}, "items": [item(&first)]}));
+        let call = api.expect("GET", RV).await;
+        assert_eq!(
+            call.query_map().get("continue").map(String::as_str),
+            Some("page-2")
+        );
+        call.ok(json!({
             "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList", "metadata": {},
             "items": [newer]}));
         // Nothing is written: no request follows the listing.
@@ -340,6 +360,7 @@ async fn relay_volumes_of_a_newer_format_stop_the_rebuild_before_anything_is_wri
         "{msg}"
     );
     assert!(driver.find_volume(&vol.id).await.unwrap().is_none());
+    assert!(driver.find_volume(&first.id).await.unwrap().is_none());
     // What earlier builds wrote (no formatVersion) is format 1.
     let mut old = item(&vol);
     old["spec"].as_object_mut().unwrap().remove("formatVersion");
