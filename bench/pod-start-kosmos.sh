@@ -53,7 +53,9 @@ RUST_LOG=${RELAY_LOG:-csi_relay=info} lab kl_start csi-relay "$LAB/logs/csi-rela
   --state-dir "$LAB/relay" --endpoint "unix://$SOCK" --metrics-address $METRICS
 for ((i = 0; i < 100; i++)); do [[ -S $SOCK ]] && break; sleep 0.2; done
 [[ -S $SOCK ]] || { echo "csi-relay made no socket; see $LAB/logs/csi-relay.log" >&2; exit 1; }
-SC=(--csi-address="$SOCK" --kubeconfig="$HOST_KUBECONFIG" --leader-election=false --timeout=60s -v=3)
+# The client rates of deploy/controller.yaml.
+SC=(--csi-address="$SOCK" --kubeconfig="$HOST_KUBECONFIG" --leader-election=false --timeout=60s -v=3
+  --kube-api-qps=20 --kube-api-burst=100)
 lab kl_start relay-provisioner "$LAB/logs/relay-provisioner.log" "$E2E_HOME/bin/csi-provisioner" "${SC[@]}" \
   --feature-gates=Topology=true --extra-create-metadata
 lab kl_start relay-attacher "$LAB/logs/relay-attacher.log" "$E2E_HOME/bin/csi-attacher" "${SC[@]}"
