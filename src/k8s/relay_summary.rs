@@ -163,6 +163,26 @@ mod tests {
         vol
     }
 
+    /// A controller whose store holds `member_volume()`, its host API,
+    /// and its RelayVolume writer reading the view `writer` fills.
+    async fn watching(
+        dir: &std::path::Path,
+    ) -> (
+        crate::ops::driver::Driver,
+        testing::MockApi,
+        RelayVolumeObserver,
+        reflector::store::Writer<RelayVolume>,
+        crate::domain::volume::Volume,
+    ) {
+        let (driver, host, _member_api, api) = testing::controller(dir);
+        let vol = member_volume();
+        driver.put_volume(&vol).await.unwrap();
+        let (reader, writer) = reflector::store::<RelayVolume>();
+        let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
+            .with_view(reader);
+        (driver, api, relay, writer, vol)
+    }
+
     fn watched(vol: &crate::domain::volume::Volume, version: &str, phase: &str) -> RelayVolume {
         let mut obj = RelayVolume::new(&object_name(&vol.id), spec_of(vol).unwrap());
         obj.metadata.resource_version = Some(version.into());
@@ -189,12 +209,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_event_of_its_own_earlier_write_is_not_caught_up() {
         let tmp = tempfile::tempdir().unwrap();
-        let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
-        let vol = member_volume();
-        driver.put_volume(&vol).await.unwrap();
-        let (reader, mut writer) = reflector::store::<RelayVolume>();
-        let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
-            .with_view(reader);
+        let (driver, mut api, relay, mut writer, vol) = watching(tmp.path()).await;
         let (landed, ()) = tokio::join!(relay.apply_status(&vol), async {
             let call = api.next().await;
             assert_eq!(call.body["status"]["phase"], "CREATED");
@@ -223,12 +238,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refused_catch_up_is_tried_again_onto_the_newer_object() {
         let tmp = tempfile::tempdir().unwrap();
-        let (driver, host, _member_api, mut api) = testing::controller(tmp.path());
-        let vol = member_volume();
-        driver.put_volume(&vol).await.unwrap();
-        let (reader, mut writer) = reflector::store::<RelayVolume>();
-        let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
-            .with_view(reader);
+        let (driver, mut api, relay, mut writer, vol) = watching(tmp.path()).await;
         let mut older = watched(&vol, "41", "CREATED");
         older.status.as_mut().unwrap().nodes = Some(vec![member_entry("NODE_READY")]);
         let mut newer = older.clone();

@@ -565,6 +565,8 @@ impl RelayVolumeObserver {
                     .patch_status(&name, &params, &Patch::Apply(&status)),
             )
             .await?;
+        // Never written by the controller again: nothing to remember.
+        lock(&self.sent).remove(&name);
         if shown.is_none() {
             // Already deleted by hand: nothing is left to keep.
             return Ok(());
