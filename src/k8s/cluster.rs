@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use kube::api::{ListParams, ObjectList};
+
 use crate::k8s::error::{classify, timed_out, KubeError, KubeResult};
 use crate::k8s::CALL_TIMEOUT;
 
@@ -143,6 +145,35 @@ impl Cluster {
             Ok(_) => Ok(()),
             Err(e) if e.status() == Some(404) => Ok(()),
             Err(e) => Err(e),
+        }
+    }
+
+    /// A listing by pages of `page` objects, each handed to `each` before
+    /// the next is asked for, so neither side holds the whole list at once.
+    /// `Ok(None)`: the API is not served (404).
+    pub async fn list_pages<T, E, Fut>(
+        &self,
+        what: &str,
+        params: ListParams,
+        page: u32,
+        list: impl Fn(ListParams) -> Fut,
+        mut each: impl FnMut(Vec<T>) -> Result<(), E>,
+    ) -> Result<Option<()>, E>
+    where
+        T: Clone,
+        E: From<KubeError>,
+        Fut: Future<Output = Result<ObjectList<T>, kube::Error>>,
+    {
+        let mut params = params.limit(page);
+        loop {
+            let Some(listed) = self.fetch(what, list(params.clone())).await? else {
+                return Ok(None);
+            };
+            each(listed.items)?;
+            match listed.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => return Ok(Some(())),
+            }
         }
     }
 }

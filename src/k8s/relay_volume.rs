@@ -674,39 +674,43 @@ pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
     // each with its writers' managedFields, took a new controller to 211
     // MiB, most of which it kept.
     let api = Api::<RelayVolume>::all(host.client());
-    let mut params = ListParams::default().limit(REBUILD_PAGE);
     let mut records: Vec<(String, String)> = Vec::new();
-    loop {
-        let page = host
-            .fetch("list RelayVolumes", api.list(&params))
-            .await?
-            .ok_or_else(|| {
-                CsiError::FailedPrecondition(format!(
-                    "{}: the RelayVolume API ({GROUP}/{VERSION}) is not served; install its CRD: csi-relay crd | kubectl apply -f -",
-                    host.label()
-                ))
-            })?;
-        // Before anything is restored or written: objects of a newer build
-        // (a rollback) are refused whole, not half-read.
-        if let Some(newer) = page.items.iter().find(|rv| rv.spec.format_version > FORMAT) {
-            return Err(CsiError::FailedPrecondition(format!(
-                "RelayVolume {} is of format {}, newer than the format {FORMAT} this build of csi-relay reads (written by a newer csi-relay): run that version (or newer); this build changed nothing",
-                newer.metadata.name.as_deref().unwrap_or_default(),
-                newer.spec.format_version
-            )));
-        }
-        // A released volume's object is kept for the operator: no volume
-        // to restore.
-        records.extend(
-            page.items
-                .into_iter()
-                .filter(|rv| !is_released(rv))
-                .map(|rv| (rv.spec.volume_id, rv.spec.record)),
-        );
-        match page.metadata.continue_.filter(|token| !token.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
-        }
+    let served = host
+        .list_pages(
+            "list RelayVolumes",
+            ListParams::default(),
+            REBUILD_PAGE,
+            |params| {
+                let api = api.clone();
+                async move { api.list(&params).await }
+            },
+            |items: Vec<RelayVolume>| {
+                // Before anything is restored or written: objects of a newer
+                // build (a rollback) are refused whole, not half-read.
+                if let Some(newer) = items.iter().find(|rv| rv.spec.format_version > FORMAT) {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "RelayVolume {} is of format {}, newer than the format {FORMAT} this build of csi-relay reads (written by a newer csi-relay): run that version (or newer); this build changed nothing",
+                        newer.metadata.name.as_deref().unwrap_or_default(),
+                        newer.spec.format_version
+                    )));
+                }
+                // A released volume's object is kept for the operator: no
+                // volume to restore.
+                records.extend(
+                    items
+                        .into_iter()
+                        .filter(|rv| !is_released(rv))
+                        .map(|rv| (rv.spec.volume_id, rv.spec.record)),
+                );
+                Ok(())
+            },
+        )
+        .await?;
+    if served.is_none() {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{}: the RelayVolume API ({GROUP}/{VERSION}) is not served; install its CRD: csi-relay crd | kubectl apply -f -",
+            host.label()
+        )));
     }
     let mut restored = 0;
     let mut mirrored = std::collections::HashMap::with_capacity(records.len());

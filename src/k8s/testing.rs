@@ -23,6 +23,8 @@ pub struct Call {
     pub path: String,
     pub query: String,
     pub content_type: String,
+    /// What the client asked for back: a metadata-only listing says so here.
+    pub accept: String,
     pub body: Value,
     send: SendResponse<Response<Body>>,
 }
@@ -72,6 +74,14 @@ pub fn controller_losing(
     (driver, host, member, host_api)
 }
 
+fn header(headers: &http::HeaderMap, name: http::header::HeaderName) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
 impl MockApi {
     pub async fn next(&mut self) -> Call {
         let (req, send) = self
@@ -90,12 +100,8 @@ impl MockApi {
             method: parts.method.to_string(),
             path: parts.uri.path().to_string(),
             query: parts.uri.query().unwrap_or_default().to_string(),
-            content_type: parts
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string(),
+            content_type: header(&parts.headers, http::header::CONTENT_TYPE),
+            accept: header(&parts.headers, http::header::ACCEPT),
             body,
             send,
         }

@@ -751,49 +751,51 @@ impl Backend for MemberBackend {
         // Claims of this driver that name a host PV, per member.
         let mut candidates = Vec::new();
         for (member, cluster) in &self.members {
-            let claims = match pvc::made_by(cluster, &self.driver_name).await {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!(member = %member, error = %e, "cannot list member claims; next sweep");
-                    continue;
-                }
-            };
-            for claim in claims {
+            let listed = pvc::made_by(cluster, &self.driver_name, |claim| {
                 let (Some(id), Some(host_pv)) = (
-                    pvc::annotation(&claim, naming::VOLUME_ID_ANNOTATION),
-                    pvc::annotation(&claim, naming::HOST_PV_NAME),
+                    pvc::annotation_of(claim, naming::VOLUME_ID_ANNOTATION),
+                    pvc::annotation_of(claim, naming::HOST_PV_NAME),
                 ) else {
-                    continue;
+                    return;
                 };
-                if claim.metadata.deletion_timestamp.is_none()
+                if claim.deletion_timestamp.is_none()
                     && naming::parse_volume_id(id).map(|(m, _)| m) == Some(member.as_str())
                 {
                     let path = format!(
                         "{member}/{}/{}",
-                        claim.metadata.namespace.as_deref().unwrap_or_default(),
-                        claim.metadata.name.as_deref().unwrap_or_default()
+                        claim.namespace.as_deref().unwrap_or_default(),
+                        claim.name.as_deref().unwrap_or_default()
                     );
                     candidates.push((id.to_string(), host_pv.to_string(), path));
                 }
+            })
+            .await;
+            if let Err(e) = listed {
+                tracing::warn!(member = %member, error = %e, "cannot list member claims; next sweep");
             }
         }
         if candidates.is_empty() {
             return Ok(Vec::new());
         }
-        // One metadata-only list of the host's PVs per sweep, not a read
+        // One metadata-only listing of the host's PVs per sweep, not a read
         // per claim.
         let pvs =
             kube::api::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(host.client());
-        let present: std::collections::HashSet<String> = host
-            .run(
-                "list PersistentVolumes",
-                pvs.list_metadata(&kube::api::ListParams::default()),
-            )
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|pv| pv.metadata.name)
-            .collect();
+        let mut present = std::collections::HashSet::new();
+        host.list_pages(
+            "list PersistentVolumes",
+            kube::api::ListParams::default(),
+            pvc::SWEEP_PAGE,
+            |params| {
+                let pvs = pvs.clone();
+                async move { pvs.list_metadata(&params).await }
+            },
+            |items| {
+                present.extend(items.into_iter().filter_map(|pv| pv.metadata.name));
+                Ok::<_, CsiError>(())
+            },
+        )
+        .await?;
         Ok(candidates
             .into_iter()
             .filter(|(_, host_pv, _)| !present.contains(host_pv))

@@ -1691,24 +1691,59 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
             "relay.csi.dev",
         ),
     ];
+    // Both listings go by pages, metadata only: the gone claim comes on the
+    // claims' second page, the present PV on the PVs' second.
+    let meta_list = |items: &[serde_json::Value], next: Option<&str>| {
+        let items: Vec<_> = items
+            .iter()
+            .map(|c| {
+                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                            "metadata": c["metadata"]})
+            })
+            .collect();
+        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+               "metadata": {"continue": next.unwrap_or_default()}, "items": items})
+    };
+    let paged = |call: &crate::k8s::testing::Call, token: Option<&str>| {
+        let q = call.query_map();
+        assert_eq!(
+            q.get("limit").map(String::as_str),
+            Some("500"),
+            "{}",
+            call.query
+        );
+        assert_eq!(
+            q.get("continue").map(String::as_str),
+            token,
+            "{}",
+            call.query
+        );
+        assert!(
+            call.accept.contains("as=PartialObjectMetadataList"),
+            "{}",
+            call.accept
+        );
+    };
     let (found, (), ()) = tokio::join!(
         b.stored_data(),
         async {
             let list = member.expect("GET", "/api/v1/persistentvolumeclaims").await;
             assert!(list.query.contains("labelSelector"), "{}", list.query);
-            list.ok(
-                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
-                           "metadata": {}, "items": items}),
-            );
+            paged(&list, None);
+            list.ok(meta_list(&items[..1], Some("claims-2")));
+            let list = member.expect("GET", "/api/v1/persistentvolumeclaims").await;
+            paged(&list, Some("claims-2"));
+            list.ok(meta_list(&items[1..], None));
         },
         async {
-            // One list of the host's PVs, not a read per claim.
-            host.expect("GET", "/api/v1/persistentvolumes")
-                .await
-                .ok(json!({
-                "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
-                "items": [{"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                           "metadata": {"name": "pv-present"}}]}));
+            // One listing of the host's PVs, not a read per claim.
+            let pv = |name: &str| json!({"metadata": {"name": name}});
+            let list = host.expect("GET", "/api/v1/persistentvolumes").await;
+            paged(&list, None);
+            list.ok(meta_list(&[pv("pv-other")], Some("pvs-2")));
+            let list = host.expect("GET", "/api/v1/persistentvolumes").await;
+            paged(&list, Some("pvs-2"));
+            list.ok(meta_list(&[pv("pv-present")], None));
         }
     );
     let found = found.unwrap();

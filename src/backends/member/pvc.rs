@@ -199,24 +199,42 @@ pub async fn delete_exactly(cluster: &Cluster, claim: &PersistentVolumeClaim) ->
     }
 }
 
-/// Every member PVC the relay named `driver_name` made (by its marks).
+/// Objects per page of the housekeeping sweep's listings.
+pub const SWEEP_PAGE: u32 = 500;
+
+/// The metadata of every member PVC the relay named `driver_name` made (by
+/// its marks), handed to `each` page by page: the sweep needs a few
+/// annotations of each claim, not 10,000 whole objects in one response.
 pub async fn made_by(
     cluster: &Cluster,
     driver_name: &str,
-) -> CsiResult<Vec<PersistentVolumeClaim>> {
+    mut each: impl FnMut(&ObjectMeta),
+) -> CsiResult<()> {
     let params =
         ListParams::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
-    let list = cluster
-        .run(
+    let api = Api::<PersistentVolumeClaim>::all(cluster.client());
+    cluster
+        .list_pages(
             "list csi-relay PersistentVolumeClaims",
-            Api::<PersistentVolumeClaim>::all(cluster.client()).list(&params),
+            params,
+            SWEEP_PAGE,
+            |params| {
+                let api = api.clone();
+                async move { api.list_metadata(&params).await }
+            },
+            |items| {
+                items
+                    .iter()
+                    .map(|claim| &claim.metadata)
+                    .filter(|meta| {
+                        annotation_of(meta, naming::DRIVER_ANNOTATION) == Some(driver_name)
+                    })
+                    .for_each(&mut each);
+                Ok::<_, CsiError>(())
+            },
         )
         .await?;
-    Ok(list
-        .items
-        .into_iter()
-        .filter(|c| annotation(c, naming::DRIVER_ANNOTATION) == Some(driver_name))
-        .collect())
+    Ok(())
 }
 
 pub async fn get_pv(cluster: &Cluster, name: &str) -> KubeResult<Option<PersistentVolume>> {
@@ -315,8 +333,11 @@ pub fn bound_pv(pvc: &PersistentVolumeClaim) -> Option<&str> {
 }
 
 pub fn annotation<'a>(pvc: &'a PersistentVolumeClaim, key: &str) -> Option<&'a str> {
-    pvc.metadata
-        .annotations
+    annotation_of(&pvc.metadata, key)
+}
+
+pub fn annotation_of<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations
         .as_ref()
         .and_then(|a| a.get(key))
         .map(String::as_str)
