@@ -1664,7 +1664,7 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
                             "annotations": annotations}})
     };
     let gone_id = "m-east-0123456789abcdef0123456789abcdef";
-    let items = vec![
+    let items = [
         claim(
             "kept",
             "m-east-11111111111111111111111111111111",
