@@ -193,6 +193,30 @@ async fn unrelated_pods(member: &Client, namespace: &str, n: usize, pid: u32, la
     .expect("delete the unrelated pods");
 }
 
+/// Deletes every object labelled `labels`. One delete of thousands of
+/// objects can outlast the API server's request timeout (it goes on
+/// server-side): again until none is left.
+async fn delete_all<K>(
+    what: &str,
+    api: &Api<K>,
+    params: &DeleteParams,
+    labels: &str,
+    wait: Duration,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let ours = ListParams::default().labels(labels);
+    eventually(what, wait, || {
+        let ours = ours.clone();
+        async move {
+            let _ = api.delete_collection(params, &ours).await;
+            let left = api.list(&ours.limit(1)).await.ok()?;
+            left.items.is_empty().then_some(())
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_objects_cost_what_the_relay_serves() {
     let _alone = common::alone();
@@ -514,12 +538,23 @@ async fn member_objects_cost_what_the_relay_serves() {
     }
 
     // Clean up: pods (no kubelet to wait for), volumes, PVs, namespace.
-    pods.delete_collection(
+    // The pods' going is counted on its own: each volume goes back to
+    // CREATED, and those writes are not DeleteVolume's.
+    let mark_unused = audit.as_ref().map(AuditLogs::mark);
+    delete_all(
+        "the member pods deleted",
+        &pods,
         &DeleteParams::default().grace_period(0),
-        &ListParams::default().labels(&format!("bench={run}")),
+        &format!("bench={run}"),
+        bulk_wait,
     )
-    .await
-    .expect("delete member pods");
+    .await;
+    in_phase("CREATED", claims.keys().cloned().collect()).await;
+    requests(
+        &mark_unused,
+        "per member pod deleted (back to CREATED)",
+        volumes,
+    );
     let ids: Vec<String> = claims.keys().cloned().collect();
     let mark_delete = audit.as_ref().map(AuditLogs::mark);
     in_parallel(ids, |id| {
@@ -538,17 +573,13 @@ async fn member_objects_cost_what_the_relay_serves() {
     })
     .await;
     requests(&mark_delete, "per DeleteVolume", volumes);
-    // One delete of thousands of PVs can outlast the API server's request
-    // timeout (it goes on server-side): again until none is left.
-    let ours = ListParams::default().labels(&format!("bench={run}"));
-    eventually("the test's PVs deleted", bulk_wait, || {
-        let (pvs, ours) = (pvs.clone(), ours.clone());
-        async move {
-            let _ = pvs.delete_collection(&DeleteParams::default(), &ours).await;
-            let left = pvs.list(&ours.clone().limit(1)).await.ok()?;
-            left.items.is_empty().then_some(())
-        }
-    })
+    delete_all(
+        "the test's PVs deleted",
+        &pvs,
+        &DeleteParams::default(),
+        &format!("bench={run}"),
+        bulk_wait,
+    )
     .await;
     namespaces
         .delete(&ns, &DeleteParams::default())
