@@ -9,6 +9,12 @@ use kube::api::{ListParams, ObjectList};
 use crate::k8s::error::{classify, timed_out, KubeError, KubeResult};
 use crate::k8s::CALL_TIMEOUT;
 
+/// Objects per page of a listing that may hold one per volume: one
+/// response of 10,000 whole objects, each with its writers' managedFields,
+/// is tens of MiB that the API server builds and the controller parses at
+/// once (and keeps: the allocator does not give such a burst back).
+pub const LIST_PAGE: u32 = 500;
+
 #[derive(Clone)]
 pub struct Cluster {
     name: String,
@@ -148,14 +154,13 @@ impl Cluster {
         }
     }
 
-    /// A listing by pages of `page` objects, each handed to `each` before
-    /// the next is asked for, so neither side holds the whole list at once.
-    /// `Ok(None)`: the API is not served (404).
+    /// A listing by pages of `LIST_PAGE` objects, each handed to `each`
+    /// before the next is asked for, so neither side holds the whole list
+    /// at once. `Ok(None)`: the API is not served (404).
     pub async fn list_pages<T, E, Fut>(
         &self,
         what: &str,
         params: ListParams,
-        page: u32,
         list: impl Fn(ListParams) -> Fut,
         mut each: impl FnMut(Vec<T>) -> Result<(), E>,
     ) -> Result<Option<()>, E>
@@ -164,7 +169,7 @@ impl Cluster {
         E: From<KubeError>,
         Fut: Future<Output = Result<ObjectList<T>, kube::Error>>,
     {
-        let mut params = params.limit(page);
+        let mut params = params.limit(LIST_PAGE);
         loop {
             let Some(listed) = self.fetch(what, list(params.clone())).await? else {
                 return Ok(None);

@@ -663,23 +663,17 @@ pub struct Rebuilt {
     pub lagging: Vec<String>,
 }
 
-/// RelayVolumes per page of the rebuild's listing.
-const REBUILD_PAGE: u32 = 500;
-
 /// Restores the volume records the store lacks from the host cluster's
 /// RelayVolumes (a controller whose state directory was lost), and finds
 /// the ones that lag the store, from one listing.
 pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
-    // By pages, keeping only the records: one listing of 10,000 objects,
-    // each with its writers' managedFields, took a new controller to 211
-    // MiB, most of which it kept.
+    // By pages, keeping only the records.
     let api = Api::<RelayVolume>::all(host.client());
     let mut records: Vec<(String, String)> = Vec::new();
     let served = host
         .list_pages(
             "list RelayVolumes",
             ListParams::default(),
-            REBUILD_PAGE,
             |params| {
                 let api = api.clone();
                 async move { api.list(&params).await }

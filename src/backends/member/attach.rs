@@ -240,26 +240,31 @@ pub async fn own(cluster: &Cluster) -> CsiResult<Vec<(String, String)>> {
         crate::k8s::naming::MANAGED_BY,
         crate::k8s::naming::MANAGER
     );
-    let list = cluster
-        .fetch(
+    // Names and labels are all it needs: metadata only, by pages.
+    let mut found = Vec::new();
+    cluster
+        .list_pages(
             "list the relay's VolumeAttachments",
-            api.list(&kube::api::ListParams::default().labels(&selector)),
+            kube::api::ListParams::default().labels(&selector),
+            |params| {
+                let api = api.clone();
+                async move { api.list_metadata(&params).await }
+            },
+            |items| {
+                found.extend(items.into_iter().filter_map(|va| {
+                    let uuid = va
+                        .metadata
+                        .labels
+                        .as_ref()?
+                        .get(crate::k8s::naming::VOLUME_UUID_LABEL)?
+                        .clone();
+                    Some((va.metadata.name?, uuid))
+                }));
+                Ok::<_, CsiError>(())
+            },
         )
-        .await?
-        .map(|l| l.items)
-        .unwrap_or_default();
-    Ok(list
-        .into_iter()
-        .filter_map(|va| {
-            let uuid = va
-                .metadata
-                .labels
-                .as_ref()?
-                .get(crate::k8s::naming::VOLUME_UUID_LABEL)?
-                .clone();
-            Some((va.metadata.name?, uuid))
-        })
-        .collect())
+        .await?;
+    Ok(found)
 }
 
 /// Another VolumeAttachment of the same PV to the same member node than our

@@ -785,7 +785,6 @@ impl Backend for MemberBackend {
         host.list_pages(
             "list PersistentVolumes",
             kube::api::ListParams::default(),
-            pvc::SWEEP_PAGE,
             |params| {
                 let pvs = pvs.clone();
                 async move { pvs.list_metadata(&params).await }
@@ -874,7 +873,7 @@ impl Backend for MemberBackend {
     async fn recover_snapshots(&self) -> CsiResult<Vec<Snapshot>> {
         let mut found = Vec::new();
         for (member, cluster) in &self.members {
-            for obj in snapshot::made_by_relay(cluster).await? {
+            snapshot::made_by_relay(cluster, |obj| {
                 match snapshot::recovered(member, &self.driver_name, &obj) {
                     Ok(snap) => found.push(snap),
                     Err(why) => tracing::warn!(
@@ -884,7 +883,8 @@ impl Backend for MemberBackend {
                         "member VolumeSnapshot not recovered"
                     ),
                 }
-            }
+            })
+            .await?;
         }
         Ok(found)
     }

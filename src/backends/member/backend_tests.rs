@@ -1646,6 +1646,93 @@ async fn node_source_comes_from_the_publish_context() {
     );
 }
 
+/// A page of a listing: `limit` set, continuing from `token`.
+fn page_of(call: &testing::Call, token: Option<&str>) {
+    let q = call.query_map();
+    assert_eq!(
+        q.get("limit").map(String::as_str),
+        Some("500"),
+        "{}",
+        call.query
+    );
+    assert_eq!(
+        q.get("continue").map(String::as_str),
+        token,
+        "{}",
+        call.query
+    );
+}
+
+/// The listing's next page at `path`; a listing that stops after its first
+/// page fails here instead of hanging.
+async fn next_page(api: &mut MockApi, path: &str) -> testing::Call {
+    tokio::time::timeout(Duration::from_secs(10), api.expect("GET", path))
+        .await
+        .expect("the listing asks for its next page")
+}
+
+/// `page_of`, of a metadata-only listing.
+fn metadata_page(call: &testing::Call, token: Option<&str>) {
+    page_of(call, token);
+    assert!(
+        call.accept.contains("as=PartialObjectMetadataList"),
+        "{}",
+        call.accept
+    );
+}
+
+/// A metadata-only listing's answer: the objects' metadata, and `next` to
+/// continue from.
+fn metadata_list(items: &[serde_json::Value], next: Option<&str>) -> serde_json::Value {
+    let items: Vec<_> = items
+        .iter()
+        .map(|o| {
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": o["metadata"]})
+        })
+        .collect();
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+           "metadata": {"continue": next.unwrap_or_default()}, "items": items})
+}
+
+// Housekeeping's view of the relay's own member attachments: each one's
+// name and volume, from its labels; one without the volume label is not
+// listed (nothing to tie it to).
+#[tokio::test]
+async fn own_attachments_come_by_pages_of_metadata() {
+    let (b, mut api) = east();
+    let va = |name: &str, uuid: Option<&str>| {
+        let mut labels = json!({naming::MANAGED_BY: naming::MANAGER});
+        if let Some(uuid) = uuid {
+            labels[naming::VOLUME_UUID_LABEL] = uuid.into();
+        }
+        json!({"metadata": {"name": name, "labels": labels}})
+    };
+    let (a, c) = (
+        "0123456789abcdef0123456789abcdef",
+        "fedcba9876543210fedcba9876543210",
+    );
+    let (found, ()) = tokio::join!(b.own_attachments(), async {
+        let path = "/apis/storage.k8s.io/v1/volumeattachments";
+        let list = api.expect("GET", path).await;
+        assert!(list.query.contains("labelSelector"), "{}", list.query);
+        metadata_page(&list, None);
+        list.ok(metadata_list(
+            &[va("relay-a", Some(a)), va("unlabelled", None)],
+            Some("vas-2"),
+        ));
+        let list = next_page(&mut api, path).await;
+        metadata_page(&list, Some("vas-2"));
+        list.ok(metadata_list(&[va("relay-c", Some(c))], None));
+    });
+    let own = |name: &str, uuid: &str| OwnAttachment {
+        volume_id: format!("m-east-{uuid}"),
+        name: name.into(),
+        place: "east".into(),
+    };
+    assert_eq!(found.unwrap(), vec![own("relay-a", a), own("relay-c", c)]);
+}
+
 // Housekeeping's view of member claims: only the relay's own, with a host
 // PV name, whose host PV is gone; removal goes through the ownership check.
 #[tokio::test]
@@ -1693,57 +1780,26 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
     ];
     // Both listings go by pages, metadata only: the gone claim comes on the
     // claims' second page, the present PV on the PVs' second.
-    let meta_list = |items: &[serde_json::Value], next: Option<&str>| {
-        let items: Vec<_> = items
-            .iter()
-            .map(|c| {
-                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                            "metadata": c["metadata"]})
-            })
-            .collect();
-        json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
-               "metadata": {"continue": next.unwrap_or_default()}, "items": items})
-    };
-    let paged = |call: &crate::k8s::testing::Call, token: Option<&str>| {
-        let q = call.query_map();
-        assert_eq!(
-            q.get("limit").map(String::as_str),
-            Some("500"),
-            "{}",
-            call.query
-        );
-        assert_eq!(
-            q.get("continue").map(String::as_str),
-            token,
-            "{}",
-            call.query
-        );
-        assert!(
-            call.accept.contains("as=PartialObjectMetadataList"),
-            "{}",
-            call.accept
-        );
-    };
     let (found, (), ()) = tokio::join!(
         b.stored_data(),
         async {
             let list = member.expect("GET", "/api/v1/persistentvolumeclaims").await;
             assert!(list.query.contains("labelSelector"), "{}", list.query);
-            paged(&list, None);
-            list.ok(meta_list(&items[..1], Some("claims-2")));
-            let list = member.expect("GET", "/api/v1/persistentvolumeclaims").await;
-            paged(&list, Some("claims-2"));
-            list.ok(meta_list(&items[1..], None));
+            metadata_page(&list, None);
+            list.ok(metadata_list(&items[..1], Some("claims-2")));
+            let list = next_page(&mut member, "/api/v1/persistentvolumeclaims").await;
+            metadata_page(&list, Some("claims-2"));
+            list.ok(metadata_list(&items[1..], None));
         },
         async {
             // One listing of the host's PVs, not a read per claim.
             let pv = |name: &str| json!({"metadata": {"name": name}});
             let list = host.expect("GET", "/api/v1/persistentvolumes").await;
-            paged(&list, None);
-            list.ok(meta_list(&[pv("pv-other")], Some("pvs-2")));
-            let list = host.expect("GET", "/api/v1/persistentvolumes").await;
-            paged(&list, Some("pvs-2"));
-            list.ok(meta_list(&[pv("pv-present")], None));
+            metadata_page(&list, None);
+            list.ok(metadata_list(&[pv("pv-other")], Some("pvs-2")));
+            let list = next_page(&mut host, "/api/v1/persistentvolumes").await;
+            metadata_page(&list, Some("pvs-2"));
+            list.ok(metadata_list(&[pv("pv-present")], None));
         }
     );
     let found = found.unwrap();
@@ -1844,9 +1900,17 @@ async fn snapshots_are_recovered_from_member_volume_snapshots() {
             .expect("GET", "/apis/snapshot.storage.k8s.io/v1/volumesnapshots")
             .await;
         assert!(list.query.contains("labelSelector"), "{}", list.query);
+        page_of(&list, None);
         list.ok(
             json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotList",
-                       "metadata": {}, "items": [ready, moved, bare]}),
+                       "metadata": {"continue": "snaps-2"}, "items": [moved, bare]}),
+        );
+        // The recovered one comes on the second page.
+        let list = next_page(&mut api, "/apis/snapshot.storage.k8s.io/v1/volumesnapshots").await;
+        page_of(&list, Some("snaps-2"));
+        list.ok(
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotList",
+                       "metadata": {}, "items": [ready]}),
         );
     });
     let found = found.unwrap();

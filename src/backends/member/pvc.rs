@@ -199,9 +199,6 @@ pub async fn delete_exactly(cluster: &Cluster, claim: &PersistentVolumeClaim) ->
     }
 }
 
-/// Objects per page of the housekeeping sweep's listings.
-pub const SWEEP_PAGE: u32 = 500;
-
 /// The metadata of every member PVC the relay named `driver_name` made (by
 /// its marks), handed to `each` page by page: the sweep needs a few
 /// annotations of each claim, not 10,000 whole objects in one response.
@@ -217,7 +214,6 @@ pub async fn made_by(
         .list_pages(
             "list csi-relay PersistentVolumeClaims",
             params,
-            SWEEP_PAGE,
             |params| {
                 let api = api.clone();
                 async move { api.list_metadata(&params).await }

@@ -169,20 +169,31 @@ pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> KubeResul
         .await
 }
 
-/// Every VolumeSnapshot in the member marked as made by csi-relay; a member
-/// without the snapshot API has none.
-pub async fn made_by_relay(cluster: &Cluster) -> CsiResult<Vec<DynamicObject>> {
+/// Every VolumeSnapshot in the member marked as made by csi-relay, handed
+/// to `each` page by page; a member without the snapshot API has none.
+pub async fn made_by_relay(cluster: &Cluster, each: impl FnMut(DynamicObject)) -> CsiResult<()> {
     let api: Api<DynamicObject> = Api::all_with(cluster.client(), &resource());
     let params = kube::api::ListParams::default().labels(&format!(
         "{}={}",
         crate::k8s::naming::MANAGED_BY,
         crate::k8s::naming::MANAGER
     ));
-    Ok(cluster
-        .fetch("list csi-relay VolumeSnapshots", api.list(&params))
-        .await?
-        .map(|l| l.items)
-        .unwrap_or_default())
+    let mut each = each;
+    cluster
+        .list_pages(
+            "list csi-relay VolumeSnapshots",
+            params,
+            |params| {
+                let api = api.clone();
+                async move { api.list(&params).await }
+            },
+            |items| {
+                items.into_iter().for_each(&mut each);
+                Ok::<_, CsiError>(())
+            },
+        )
+        .await?;
+    Ok(())
 }
 
 /// The snapshot record a member VolumeSnapshot carries, taken only as far
