@@ -281,24 +281,37 @@ pub async fn shared_with(cluster: &Cluster, ours: &str) -> CsiResult<Option<Stri
     };
     let pv = va.spec.source.persistent_volume_name.clone();
     let node = va.spec.node_name.clone();
-    let all = cluster
-        .fetch(
+    if pv.is_none() {
+        return Ok(None);
+    }
+    // Every attachment of the member, by pages: a member with thousands
+    // would otherwise come as one response per detach.
+    let mut shared = None;
+    cluster
+        .list_pages(
             "list VolumeAttachments",
-            api.list(&kube::api::ListParams::default()),
+            kube::api::ListParams::default(),
+            |params| {
+                let api = api.clone();
+                async move { api.list(&params).await }
+            },
+            |items| {
+                if shared.is_none() {
+                    shared = items
+                        .into_iter()
+                        .find(|other| {
+                            other.metadata.name.as_deref() != Some(ours)
+                                && other.metadata.deletion_timestamp.is_none()
+                                && other.spec.node_name == node
+                                && other.spec.source.persistent_volume_name == pv
+                        })
+                        .and_then(|other| other.metadata.name);
+                }
+                Ok::<_, CsiError>(())
+            },
         )
-        .await?
-        .map(|l| l.items)
-        .unwrap_or_default();
-    Ok(all
-        .into_iter()
-        .find(|other| {
-            other.metadata.name.as_deref() != Some(ours)
-                && other.metadata.deletion_timestamp.is_none()
-                && other.spec.node_name == node
-                && pv.is_some()
-                && other.spec.source.persistent_volume_name == pv
-        })
-        .and_then(|other| other.metadata.name))
+        .await?;
+    Ok(shared)
 }
 
 /// The relay's VolumeAttachments of the volume `uuid` (one per member node

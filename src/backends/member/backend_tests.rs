@@ -1198,10 +1198,18 @@ async fn unpublish_never_detaches_under_a_member_pod() {
         api.expect("GET", path)
             .await
             .ok(va("relay-x-1", "pv-9", "worker-1"));
-        api.expect("GET", VAS).await.ok(va_list(vec![
+        // By pages: the member's own attachment is on the second.
+        let list = api.expect("GET", VAS).await;
+        page_of(&list, None);
+        let mut first = va_list(vec![
             va("relay-x-1", "pv-9", "worker-1"),
-            va("csi-0f3a-adc-made", "pv-9", "worker-1"),
-        ]));
+            va("csi-0f3a-other-node", "pv-9", "worker-2"),
+        ]);
+        first["metadata"]["continue"] = "vas-2".into();
+        list.ok(first);
+        let list = next_page(&mut api, VAS).await;
+        page_of(&list, Some("vas-2"));
+        list.ok(va_list(vec![va("csi-0f3a-adc-made", "pv-9", "worker-1")]));
         api.expect_idle().await;
     });
     result.unwrap();
