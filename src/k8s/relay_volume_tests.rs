@@ -340,7 +340,7 @@ async fn relay_volumes_of_a_newer_format_stop_the_rebuild_before_anything_is_wri
         call.ok(json!({
             "apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList",
             "metadata": {"continue": "page-2"}, "items": [item(&first)]}));
-        let call = api.expect("GET", RV).await;
+        let call = api.expect_page(RV).await;
         assert_eq!(
             call.query_map().get("continue").map(String::as_str),
             Some("page-2")

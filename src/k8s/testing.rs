@@ -120,6 +120,14 @@ impl MockApi {
         call
     }
 
+    /// The next page of a listing at `path`: a listing that stops after a
+    /// page fails here instead of hanging.
+    pub async fn expect_page(&mut self, path: &str) -> Call {
+        tokio::time::timeout(Duration::from_secs(10), self.expect("GET", path))
+            .await
+            .expect("the listing asks for its next page")
+    }
+
     /// Asserts the client makes no further request.
     pub async fn expect_idle(&mut self) {
         let next = tokio::time::timeout(Duration::from_secs(60), self.handle.next_request()).await;

@@ -1207,7 +1207,7 @@ async fn unpublish_never_detaches_under_a_member_pod() {
         ]);
         first["metadata"]["continue"] = "vas-2".into();
         list.ok(first);
-        let list = next_page(&mut api, VAS).await;
+        let list = api.expect_page(VAS).await;
         page_of(&list, Some("vas-2"));
         list.ok(va_list(vec![va("csi-0f3a-adc-made", "pv-9", "worker-1")]));
         api.expect_idle().await;
@@ -1671,14 +1671,6 @@ fn page_of(call: &testing::Call, token: Option<&str>) {
     );
 }
 
-/// The listing's next page at `path`; a listing that stops after its first
-/// page fails here instead of hanging.
-async fn next_page(api: &mut MockApi, path: &str) -> testing::Call {
-    tokio::time::timeout(Duration::from_secs(10), api.expect("GET", path))
-        .await
-        .expect("the listing asks for its next page")
-}
-
 /// `page_of`, of a metadata-only listing.
 fn metadata_page(call: &testing::Call, token: Option<&str>) {
     page_of(call, token);
@@ -1729,7 +1721,7 @@ async fn own_attachments_come_by_pages_of_metadata() {
             &[va("relay-a", Some(a)), va("unlabelled", None)],
             Some("vas-2"),
         ));
-        let list = next_page(&mut api, path).await;
+        let list = api.expect_page(path).await;
         metadata_page(&list, Some("vas-2"));
         list.ok(metadata_list(&[va("relay-c", Some(c))], None));
     });
@@ -1795,7 +1787,7 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
             assert!(list.query.contains("labelSelector"), "{}", list.query);
             metadata_page(&list, None);
             list.ok(metadata_list(&items[..1], Some("claims-2")));
-            let list = next_page(&mut member, "/api/v1/persistentvolumeclaims").await;
+            let list = member.expect_page("/api/v1/persistentvolumeclaims").await;
             metadata_page(&list, Some("claims-2"));
             list.ok(metadata_list(&items[1..], None));
         },
@@ -1805,7 +1797,7 @@ async fn claims_whose_host_volume_is_gone_are_listed_for_collection() {
             let list = host.expect("GET", "/api/v1/persistentvolumes").await;
             metadata_page(&list, None);
             list.ok(metadata_list(&[pv("pv-other")], Some("pvs-2")));
-            let list = next_page(&mut host, "/api/v1/persistentvolumes").await;
+            let list = host.expect_page("/api/v1/persistentvolumes").await;
             metadata_page(&list, Some("pvs-2"));
             list.ok(metadata_list(&[pv("pv-present")], None));
         }
@@ -1914,7 +1906,9 @@ async fn snapshots_are_recovered_from_member_volume_snapshots() {
                        "metadata": {"continue": "snaps-2"}, "items": [moved, bare]}),
         );
         // The recovered one comes on the second page.
-        let list = next_page(&mut api, "/apis/snapshot.storage.k8s.io/v1/volumesnapshots").await;
+        let list = api
+            .expect_page("/apis/snapshot.storage.k8s.io/v1/volumesnapshots")
+            .await;
         page_of(&list, Some("snaps-2"));
         list.ok(
             json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotList",
