@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use kube::api::{ListParams, ObjectList};
+use kube::api::{Api, ListParams, ObjectList, PartialObjectMeta};
 
 use crate::k8s::error::{classify, timed_out, KubeError, KubeResult};
 use crate::k8s::CALL_TIMEOUT;
@@ -154,10 +154,46 @@ impl Cluster {
         }
     }
 
-    /// A listing by pages of `LIST_PAGE` objects, each handed to `each`
-    /// before the next is asked for, so neither side holds the whole list
-    /// at once. `Ok(None)`: the API is not served (404).
-    pub async fn list_pages<T, E, Fut>(
+    /// A listing of `api` by pages of `LIST_PAGE` objects, each handed to
+    /// `each` before the next is asked for, so neither side holds the whole
+    /// list at once. `Ok(None)`: the API is not served (404).
+    pub async fn list_pages<K, E>(
+        &self,
+        what: &str,
+        api: &Api<K>,
+        params: ListParams,
+        each: impl FnMut(Vec<K>) -> Result<(), E>,
+    ) -> Result<Option<()>, E>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        E: From<KubeError>,
+    {
+        self.pages(what, params, |p| async move { api.list(&p).await }, each)
+            .await
+    }
+
+    /// `list_pages`, of the objects' metadata only.
+    pub async fn list_metadata_pages<K, E>(
+        &self,
+        what: &str,
+        api: &Api<K>,
+        params: ListParams,
+        each: impl FnMut(Vec<PartialObjectMeta<K>>) -> Result<(), E>,
+    ) -> Result<Option<()>, E>
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        E: From<KubeError>,
+    {
+        self.pages(
+            what,
+            params,
+            |p| async move { api.list_metadata(&p).await },
+            each,
+        )
+        .await
+    }
+
+    async fn pages<T, E, Fut>(
         &self,
         what: &str,
         params: ListParams,

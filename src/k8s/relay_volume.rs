@@ -673,11 +673,8 @@ pub async fn rebuild(host: &Cluster, store: &Store) -> CsiResult<Rebuilt> {
     let served = host
         .list_pages(
             "list RelayVolumes",
+            &api,
             ListParams::default(),
-            |params| {
-                let api = api.clone();
-                async move { api.list(&params).await }
-            },
             |items: Vec<RelayVolume>| {
                 // Before anything is restored or written: objects of a newer
                 // build (a rollback) are refused whole, not half-read.

@@ -243,13 +243,10 @@ pub async fn own(cluster: &Cluster) -> CsiResult<Vec<(String, String)>> {
     // Names and labels are all it needs: metadata only, by pages.
     let mut found = Vec::new();
     cluster
-        .list_pages(
+        .list_metadata_pages(
             "list the relay's VolumeAttachments",
+            &api,
             kube::api::ListParams::default().labels(&selector),
-            |params| {
-                let api = api.clone();
-                async move { api.list_metadata(&params).await }
-            },
             |items| {
                 found.extend(items.into_iter().filter_map(|va| {
                     let uuid = va
@@ -290,11 +287,8 @@ pub async fn shared_with(cluster: &Cluster, ours: &str) -> CsiResult<Option<Stri
     cluster
         .list_pages(
             "list VolumeAttachments",
+            &api,
             kube::api::ListParams::default(),
-            |params| {
-                let api = api.clone();
-                async move { api.list(&params).await }
-            },
             |items| {
                 if shared.is_none() {
                     shared = items

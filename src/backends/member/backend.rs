@@ -782,13 +782,10 @@ impl Backend for MemberBackend {
         let pvs =
             kube::api::Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(host.client());
         let mut present = std::collections::HashSet::new();
-        host.list_pages(
+        host.list_metadata_pages(
             "list PersistentVolumes",
+            &pvs,
             kube::api::ListParams::default(),
-            |params| {
-                let pvs = pvs.clone();
-                async move { pvs.list_metadata(&params).await }
-            },
             |items| {
                 present.extend(items.into_iter().filter_map(|pv| pv.metadata.name));
                 Ok::<_, CsiError>(())

@@ -211,13 +211,10 @@ pub async fn made_by(
         ListParams::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
     let api = Api::<PersistentVolumeClaim>::all(cluster.client());
     cluster
-        .list_pages(
+        .list_metadata_pages(
             "list csi-relay PersistentVolumeClaims",
+            &api,
             params,
-            |params| {
-                let api = api.clone();
-                async move { api.list_metadata(&params).await }
-            },
             |items| {
                 items
                     .iter()

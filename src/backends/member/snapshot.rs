@@ -171,27 +171,21 @@ pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> KubeResul
 
 /// Every VolumeSnapshot in the member marked as made by csi-relay, handed
 /// to `each` page by page; a member without the snapshot API has none.
-pub async fn made_by_relay(cluster: &Cluster, each: impl FnMut(DynamicObject)) -> CsiResult<()> {
+pub async fn made_by_relay(
+    cluster: &Cluster,
+    mut each: impl FnMut(DynamicObject),
+) -> CsiResult<()> {
     let api: Api<DynamicObject> = Api::all_with(cluster.client(), &resource());
     let params = kube::api::ListParams::default().labels(&format!(
         "{}={}",
         crate::k8s::naming::MANAGED_BY,
         crate::k8s::naming::MANAGER
     ));
-    let mut each = each;
     cluster
-        .list_pages(
-            "list csi-relay VolumeSnapshots",
-            params,
-            |params| {
-                let api = api.clone();
-                async move { api.list(&params).await }
-            },
-            |items| {
-                items.into_iter().for_each(&mut each);
-                Ok::<_, CsiError>(())
-            },
-        )
+        .list_pages("list csi-relay VolumeSnapshots", &api, params, |items| {
+            items.into_iter().for_each(&mut each);
+            Ok::<_, CsiError>(())
+        })
         .await?;
     Ok(())
 }
