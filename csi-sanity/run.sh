@@ -11,17 +11,9 @@ if [ -z "$sanity" ]; then
   exit 2
 fi
 
-# csi-sanity up to v5.4 fails on capabilities it does not know (v5.4.0 is
-# built on spec v1.12 but its check predates GET_SNAPSHOT): those, and any
-# binary built on CSI spec v1.10, get only the v1.10 ones advertised.
-spec=1.12
-grep -q GET_SNAPSHOT "$sanity" || spec=1.10
-# A build past a tag describes itself as vX.Y.Z-N-gHASH: newer than the tag.
-read -r major minor past < <("$sanity" --version 2>/dev/null |
-  sed -n 's/.*v\([0-9]*\)\.\([0-9]*\)\.[0-9]*\(-[0-9]*-g\)\{0,1\}.*/\1 \2 \3/p') || true
-if [ -n "${major:-}" ] && [ -z "${past:-}" ] && { [ "$major" -lt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -le 4 ]; }; }; then
-  spec=1.10
-fi
+# The spec whose capabilities to advertise comes from the suite inside the
+# binary (spec.sh says how, and stops when it cannot tell).
+spec=$(csi-sanity/spec.sh "$sanity") || exit 2
 
 work=$(mktemp -d /tmp/csi-relay-sanity.XXXXXX)
 cargo build --release --locked

@@ -42,6 +42,7 @@ mod node_safety;
 mod partition_e2e;
 mod releasable_e2e;
 mod sanity_flows;
+mod sanity_spec;
 mod snapshots_in_use;
 mod split_e2e;
 mod upgrade_fixtures;
