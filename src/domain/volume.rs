@@ -65,6 +65,16 @@ pub enum Progress {
     Removing,
 }
 
+impl Progress {
+    fn done() -> Progress {
+        Progress::Done
+    }
+
+    fn is_done(&self) -> bool {
+        *self == Progress::Done
+    }
+}
+
 /// ControllerPublishVolume's record: NODE_READY on that node.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Attachment {
@@ -72,6 +82,11 @@ pub struct Attachment {
     pub capability: Capability,
     #[serde(default)]
     pub publish_context: BTreeMap<String, String>,
+    /// `Applying` from the recorded intent until the backend's attach has
+    /// answered: a call in flight, refused or cut short has not reached
+    /// NODE_READY. Records written before this field are done.
+    #[serde(default = "Progress::done", skip_serializing_if = "Progress::is_done")]
+    pub progress: Progress,
 }
 
 /// NodeStageVolume's record: VOL_READY on that node.
@@ -104,17 +119,44 @@ impl NodeRecord {
         self.attachment.is_none() && self.stage.is_none() && self.targets.is_empty()
     }
 
-    /// The furthest lifecycle state this node has reached.
+    /// The furthest lifecycle state this node has reached: an intent still
+    /// applying (in flight, refused or cut short) is not a state reached;
+    /// one being removed still is, until its removal is done.
     pub fn phase(&self) -> Phase {
-        if !self.targets.is_empty() {
+        let reached = |p: Progress| p != Progress::Applying;
+        if self.targets.values().any(|t| reached(t.progress)) {
             Phase::Published
-        } else if self.stage.is_some() {
+        } else if self.stage.as_ref().is_some_and(|s| reached(s.progress)) {
             Phase::VolReady
-        } else if self.attachment.is_some() {
+        } else if self
+            .attachment
+            .as_ref()
+            .is_some_and(|a| reached(a.progress))
+        {
             Phase::NodeReady
         } else {
             Phase::Created
         }
+    }
+
+    /// The furthest state an intent of this node is on its way to, when it
+    /// is beyond the state reached.
+    pub fn pending(&self) -> Option<Phase> {
+        let applying = |p: Progress| p == Progress::Applying;
+        let wanted = if self.targets.values().any(|t| applying(t.progress)) {
+            Phase::Published
+        } else if self.stage.as_ref().is_some_and(|s| applying(s.progress)) {
+            Phase::VolReady
+        } else if self
+            .attachment
+            .as_ref()
+            .is_some_and(|a| applying(a.progress))
+        {
+            Phase::NodeReady
+        } else {
+            return None;
+        };
+        (wanted > self.phase()).then_some(wanted)
     }
 }
 
@@ -260,6 +302,7 @@ pub fn with_attachment(mut v: Volume, node: &str) -> Volume {
                     access: AccessType::Block,
                 },
                 publish_context: BTreeMap::new(),
+                progress: Progress::Done,
             }),
             ..Default::default()
         },

@@ -142,9 +142,15 @@ pub struct RelayNodeStatus {
     pub attached: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readonly: Option<bool>,
-    /// NODE_READY, VOL_READY or PUBLISHED, written by the node plugin.
+    /// NODE_READY, VOL_READY or PUBLISHED, written by the node plugin:
+    /// the furthest state reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
+    /// The state a call is on its way to beyond `phase`: in flight, or
+    /// refused (the volume's lastError says why) until it is retried or
+    /// undone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub staging_path: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -199,6 +205,7 @@ fn node_state(node: &str, n: &NodeRecord) -> RelayNodeStatus {
     RelayNodeStatus {
         node: node.to_string(),
         phase: Some(n.phase().as_str().to_string()),
+        pending: n.pending().map(|p| p.as_str().to_string()),
         staging_path: n.stage.as_ref().map(|s| s.path.clone()),
         targets: Some(n.targets.keys().cloned().collect()),
         ..Default::default()
@@ -295,22 +302,31 @@ fn entry_phase(e: &RelayNodeStatus) -> Option<Phase> {
 /// node, from the controller's own record and from every entry the object
 /// holds (node plugins' and the member clusters' alike).
 pub fn summary(vol: &Volume, seen: Option<&RelayVolumeStatus>) -> (String, String) {
-    let mut phases: BTreeMap<String, Phase> = vol
+    // Per node: the state reached, and the furthest one a call is on its
+    // way to (shown only beyond the state reached).
+    let mut phases: BTreeMap<String, (Phase, Option<Phase>)> = vol
         .nodes
         .iter()
         .filter(|(_, n)| !n.is_empty())
-        .map(|(id, n)| (id.clone(), n.phase()))
+        .map(|(id, n)| (id.clone(), (n.phase(), n.pending())))
         .collect();
     for e in seen.and_then(|s| s.nodes.as_ref()).into_iter().flatten() {
+        let pending = e.pending.as_deref().and_then(parse_phase);
         if let Some(p) = entry_phase(e) {
-            let slot = phases.entry(e.node.clone()).or_insert(p);
-            *slot = (*slot).max(p);
+            let slot = phases.entry(e.node.clone()).or_insert((p, None));
+            slot.0 = slot.0.max(p);
+            slot.1 = slot.1.max(pending);
+        } else if pending.is_some() {
+            let slot = phases
+                .entry(e.node.clone())
+                .or_insert((Phase::Created, None));
+            slot.1 = slot.1.max(pending);
         }
     }
     let phase = match vol.lifecycle {
         Lifecycle::Ready => phases
             .values()
-            .copied()
+            .map(|(p, _)| *p)
             .fold(vol.phase(), Phase::max)
             .as_str()
             .to_string(),
@@ -318,7 +334,10 @@ pub fn summary(vol: &Volume, seen: Option<&RelayVolumeStatus>) -> (String, Strin
     };
     let nodes = phases
         .iter()
-        .map(|(id, p)| format!("{id}={}", p.as_str()))
+        .map(|(id, (p, pending))| match pending.filter(|w| w > p) {
+            Some(w) => format!("{id}={}({} pending)", p.as_str(), w.as_str()),
+            None => format!("{id}={}", p.as_str()),
+        })
         .collect::<Vec<_>>()
         .join(",");
     (phase, nodes)
@@ -342,7 +361,10 @@ pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) ->
                             ..Default::default()
                         }
                     };
-                    s.attached = Some(n.attachment.is_some());
+                    s.attached = Some(n.phase() >= Phase::NodeReady);
+                    if !*with_node_state {
+                        s.pending = n.pending().map(|p| p.as_str().to_string());
+                    }
                     s.readonly = n.attachment.as_ref().map(|a| a.readonly);
                     s
                 })
@@ -382,6 +404,36 @@ pub fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_js
         "metadata": {"name": name},
         field: value,
     })
+}
+
+/// Sets (`Some`) or clears (`None`) `status.lastError` of volume `id`'s
+/// object. Its own field manager owns the two fields, so the writers of the
+/// rest never drop them, and applying none removes them; the controller's
+/// calls and what the members say of their claims share it (the newest
+/// word is shown). A missing object is left missing.
+pub async fn apply_last_error(host: &Cluster, id: &str, failure: Option<&str>) -> CsiResult<()> {
+    let name = object_name(id);
+    let params = PatchParams::apply(&format!("{FIELD_MANAGER}-errors")).force();
+    let status = match failure {
+        Some(text) => serde_json::json!({
+            "lastError": text,
+            "lastErrorTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+        }),
+        None => serde_json::json!({}),
+    };
+    let body = apply_body(&name, "status", status);
+    // The answer is not read: parsed untyped, an object this build could
+    // not read whole still counts as written.
+    let api = Api::<kube::api::DynamicObject>::all_with(
+        host.client(),
+        &kube::api::ApiResource::erase::<RelayVolume>(&()),
+    );
+    host.fetch(
+        &format!("apply RelayVolume {name} status.lastError"),
+        api.patch_status(&name, &params, &Patch::Apply(&body)),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Mirrors volume records into RelayVolumes in the host cluster.
@@ -520,29 +572,9 @@ impl RelayVolumeObserver {
             .is_some_and(|s| s.last_error.is_some())
     }
 
-    /// Sets (`Some`) or clears (`None`) `status.lastError` of volume `id`'s
-    /// object. Its own field manager owns the two fields, so the writers of
-    /// the rest never drop them, and applying none removes them. A missing
-    /// object is left missing.
+    /// See [`apply_last_error`].
     pub async fn apply_failure(&self, id: &str, failure: Option<&str>) -> CsiResult<()> {
-        let name = object_name(id);
-        let params = PatchParams::apply(&format!("{FIELD_MANAGER}-errors")).force();
-        let status = match failure {
-            Some(text) => serde_json::json!({
-                "lastError": text,
-                "lastErrorTime": k8s_openapi::jiff::Timestamp::now().to_string(),
-            }),
-            None => serde_json::json!({}),
-        };
-        let body = apply_body(&name, "status", status);
-        self.host
-            .fetch(
-                &format!("apply RelayVolume {name} status.lastError"),
-                self.api()
-                    .patch_status(&name, &params, &Patch::Apply(&body)),
-            )
-            .await?;
-        Ok(())
+        apply_last_error(&self.host, id, failure).await
     }
 
     /// Keeps `vol`'s object as the record of a volume deleted without its

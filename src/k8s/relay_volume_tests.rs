@@ -27,6 +27,7 @@ fn volume() -> Volume {
                 readonly: false,
                 capability: Capability::plain_mount(),
                 publish_context: [("relay.csi.dev/source-type".into(), "nfs".into())].into(),
+                progress: Progress::Done,
             }),
             stage: Some(Stage {
                 path: "/var/lib/kubelet/staging/x".into(),

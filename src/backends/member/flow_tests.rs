@@ -77,6 +77,14 @@ fn create_request() -> csi::CreateVolumeRequest {
 
 /// Answers the observer's two applies (spec, status); returns the phase.
 async fn applied(host: &mut MockApi) -> String {
+    applied_status(host).await["phase"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Answers the observer's two applies (spec, status); returns the status.
+async fn applied_status(host: &mut MockApi) -> Value {
     let spec = host.next().await;
     assert_eq!(spec.method, "PATCH");
     assert!(spec.path.starts_with(RV) && !spec.path.ends_with("/status"));
@@ -84,13 +92,9 @@ async fn applied(host: &mut MockApi) -> String {
     spec.ok(body);
     let status = host.next().await;
     assert!(status.path.ends_with("/status"), "{}", status.path);
-    let phase = status.body["status"]["phase"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
     let body = status.body.clone();
-    status.ok(body);
-    phase
+    status.ok(body.clone());
+    body["status"].clone()
 }
 
 #[tokio::test(start_paused = true)]
@@ -192,7 +196,16 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
             host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
-            assert_eq!(applied(&mut host).await, "NODE_READY");
+            // Only the intent: NODE_READY is not reached, and PHASE and
+            // NODES say so (this attach is then refused).
+            let intent = applied_status(&mut host).await;
+            assert_eq!(intent["phase"], "CREATED", "{intent}");
+            assert_eq!(
+                intent["nodeSummary"], "host-1=CREATED(NODE_READY pending)",
+                "{intent}"
+            );
+            assert_eq!(intent["nodes"][0]["attached"], false, "{intent}");
+            assert_eq!(intent["nodes"][0]["pending"], "NODE_READY", "{intent}");
             host.expect("GET", "/api/v1/nodes/host-1").await.ok(json!({
                 "apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": "host-1", "labels": {TOPOLOGY_MEMBER_KEY: "east"}}}));
@@ -418,10 +431,12 @@ async fn virtual_node_publish(labels: Value) {
             host.expect("GET", "/api/v1/nodes/vnode-east")
                 .await
                 .ok(vnode());
-            assert_eq!(applied(&mut host).await, "NODE_READY");
+            // The intent, then NODE_READY once the attach answered.
+            assert_eq!(applied(&mut host).await, "CREATED");
             host.expect("GET", "/api/v1/nodes/vnode-east")
                 .await
                 .ok(vnode());
+            assert_eq!(applied(&mut host).await, "NODE_READY");
         }
     );
     let published = published.unwrap();

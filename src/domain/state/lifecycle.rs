@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::{ready, Step};
 use crate::domain::capability::Capability;
 use crate::domain::error::{CsiError, CsiResult};
-use crate::domain::volume::{Backing, ContentSource, Lifecycle, Volume};
+use crate::domain::volume::{Backing, ContentSource, Lifecycle, Progress, Volume};
 
 /// What a CreateVolume request asks for, as a record of the same name is
 /// compared with it.
@@ -185,8 +185,8 @@ pub fn modify(vol: &Volume, changes: BTreeMap<String, String>) -> CsiResult<Step
     Ok(Step::Next(Box::new(next)))
 }
 
-/// After the backend attached the volume to `node_id`: the attachment
-/// keeps the publish_context the node side needs.
+/// After the backend attached the volume to `node_id`: NODE_READY is
+/// reached, and the attachment keeps the publish_context the node side needs.
 pub fn attached(vol: &Volume, node_id: &str, context: BTreeMap<String, String>) -> Volume {
     let mut next = vol.clone();
     if let Some(a) = next
@@ -195,6 +195,7 @@ pub fn attached(vol: &Volume, node_id: &str, context: BTreeMap<String, String>) 
         .and_then(|n| n.attachment.as_mut())
     {
         a.publish_context = context;
+        a.progress = Progress::Done;
     }
     next
 }
@@ -266,6 +267,7 @@ mod tests {
                     readonly: false,
                     capability: Capability::plain_mount(),
                     publish_context: [("k".to_string(), "v".to_string())].into(),
+                    progress: Progress::Done,
                 }),
                 stage: None,
                 targets: BTreeMap::new(),

@@ -143,6 +143,7 @@ pub fn controller_publish(
             readonly,
             capability: cap.clone(),
             publish_context: Default::default(),
+            progress: Progress::Applying,
         })
     }))
 }
@@ -405,8 +406,16 @@ mod tests {
         let v = volume(AccessMode::SingleNodeWriter);
         assert_eq!(v.phase(), Phase::Created);
         let v = next(controller_publish(&v, "n1", false, &c, None));
+        // The intent only: NODE_READY is reached once the backend attached.
+        assert_eq!(v.phase(), Phase::Created);
+        assert_eq!(v.nodes["n1"].pending(), Some(Phase::NodeReady));
+        let v = super::lifecycle::attached(&v, "n1", Default::default());
         assert_eq!(v.phase(), Phase::NodeReady);
+        assert_eq!(v.nodes["n1"].pending(), None);
         let v = next(node_stage(&v, "n1", "/s", &c, true));
+        // A stage in progress is not VOL_READY yet.
+        assert_eq!(v.phase(), Phase::NodeReady);
+        assert_eq!(v.nodes["n1"].pending(), Some(Phase::VolReady));
         let v = stage_done(&v, "n1", None);
         assert_eq!(v.phase(), Phase::VolReady);
         let v = next(node_publish(

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::domain::capability::Capability;
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::member_source::{self as source, MemberSource};
-use crate::domain::volume::{Attachment, Backing, Lifecycle, NodeRecord, Volume};
+use crate::domain::volume::{Attachment, Backing, Lifecycle, NodeRecord, Progress, Volume};
 
 /// `parameters` key marking a record this node made from a NodeStage
 /// request (value "true").
@@ -86,6 +86,7 @@ pub fn adopt(
             readonly: m.read_only,
             capability: cap.clone(),
             publish_context,
+            progress: Progress::Done,
         }),
         stage: None,
         targets: BTreeMap::new(),

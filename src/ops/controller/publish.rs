@@ -5,6 +5,7 @@ use crate::domain::capability::Capability;
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::state::{self, AttachLimit, Step};
 use crate::domain::validate;
+use crate::domain::volume::Progress;
 use crate::ops::driver::Driver;
 use crate::rt::limiter::volume_key;
 use crate::store::Limits;
@@ -50,12 +51,12 @@ pub async fn publish(
                 (*next, true)
             }
         };
-    let mut context = attached
-        .node(&node_id)
-        .and_then(|n| n.attachment.as_ref())
+    let attachment = attached.node(&node_id).and_then(|n| n.attachment.as_ref());
+    let mut context = attachment
         .map(|a| a.publish_context.clone())
         .unwrap_or_default();
-    if context.is_empty() {
+    let done = attachment.is_some_and(|a| a.progress == Progress::Done);
+    if context.is_empty() || !done {
         // Attach (again): a new attachment, one whose attach failed or was
         // cut short, or a record rebuilt from an untrusted copy. The
         // backend's attach is idempotent.
@@ -67,9 +68,11 @@ pub async fn publish(
                 return Err(e);
             }
         };
-        if !context.is_empty() {
-            d.put_volume(&state::attached(&attached, &node_id, context.clone()))
-                .await?;
+        // NODE_READY is reached only now: until then the record held the
+        // intent, which PHASE does not count.
+        let reached = state::attached(&attached, &node_id, context.clone());
+        if reached != attached {
+            d.put_volume(&reached).await?;
         }
     }
     if new {
