@@ -1,9 +1,10 @@
 //! This process's rights in each cluster against the permission matrix of
 //! docs/security.md (compiled in): every right the matrix grants the
 //! identity is held (SelfSubjectAccessReview), and nothing beyond it
-//! (SelfSubjectRulesReview in csi-relay's namespace).
+//! (SelfSubjectRulesReview cluster-wide and in every namespace where a
+//! binding names it), each extra named with the binding that grants it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, ResourceRule, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -11,6 +12,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
+use super::bindings::{self, Binding};
 use super::report::{Clusters, Finding};
 use crate::k8s::cluster::Cluster;
 
@@ -192,10 +194,10 @@ async fn holds(cluster: &Cluster, right: &Right) -> Result<bool, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn rules(cluster: &Cluster) -> Result<BTreeSet<Listed>, String> {
+async fn rules(cluster: &Cluster, namespace: &str) -> Result<BTreeSet<Listed>, String> {
     let review = SelfSubjectRulesReview {
         spec: SelfSubjectRulesReviewSpec {
-            namespace: Some(NAMESPACE.into()),
+            namespace: Some(namespace.into()),
         },
         ..Default::default()
     };
@@ -210,6 +212,192 @@ async fn rules(cluster: &Cluster) -> Result<BTreeSet<Listed>, String> {
     Ok(listed(
         answer.status.map(|s| s.resource_rules).unwrap_or_default(),
     ))
+}
+
+/// Rights held beyond the matrix in one scope, and the bindings that can
+/// grant them there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Beyond {
+    /// `None`: in every namespace (a ClusterRoleBinding's).
+    pub namespace: Option<String>,
+    pub rights: Vec<String>,
+    pub from: Vec<Binding>,
+}
+
+/// What the reviews found beyond `wanted`. `everywhere` is a review in a
+/// namespace no RoleBinding names, so it holds only what ClusterRoleBindings
+/// grant; `per_namespace` the reviews of other namespaces, whose extras are
+/// counted beyond that. Each scope's extras are laid at the door of the
+/// bindings that reach there and that the kit does not ship, or, if the
+/// kit's own are all there is, of those (a role of the kit edited).
+pub fn beyond(
+    wanted: &[Right],
+    everywhere: &BTreeSet<Listed>,
+    per_namespace: &BTreeMap<String, BTreeSet<Listed>>,
+    bindings: &[Binding],
+) -> Vec<Beyond> {
+    let allowed = |ns: Option<&str>| -> BTreeSet<Listed> {
+        wanted
+            .iter()
+            .filter(|r| r.namespace == "*" || Some(r.namespace.as_str()) == ns)
+            .map(Right::key)
+            .collect()
+    };
+    let extras = |held: &BTreeSet<Listed>, allowed: &BTreeSet<Listed>, ns: Option<&str>| {
+        held.iter()
+            .filter(|l| !allowed.contains(*l) && !everywhere_counted(l, ns, everywhere))
+            .filter(|(g, r, _, _)| !baseline(g, r))
+            .map(|(g, r, v, n)| {
+                Right {
+                    group: g.clone(),
+                    resource: r.clone(),
+                    verb: v.clone(),
+                    name: n.clone(),
+                    namespace: ns.unwrap_or("*").into(),
+                }
+                .to_string()
+            })
+            .collect::<Vec<_>>()
+    };
+    let culprits = |ns: Option<&str>| {
+        let reach: Vec<Binding> = bindings
+            .iter()
+            .filter(|b| b.namespace.as_deref() == ns)
+            .cloned()
+            .collect();
+        let foreign: Vec<Binding> = reach.iter().filter(|b| !b.is_kits()).cloned().collect();
+        if foreign.is_empty() {
+            reach
+        } else {
+            foreign
+        }
+    };
+    let mut out = Vec::new();
+    let rights = extras(everywhere, &allowed(None), None);
+    if !rights.is_empty() {
+        out.push(Beyond {
+            namespace: None,
+            rights,
+            from: culprits(None),
+        });
+    }
+    for (ns, held) in per_namespace {
+        let rights = extras(held, &allowed(Some(ns)), Some(ns));
+        if !rights.is_empty() {
+            out.push(Beyond {
+                namespace: Some(ns.clone()),
+                rights,
+                from: culprits(Some(ns)),
+            });
+        }
+    }
+    out
+}
+
+/// Whether a right listed in namespace `ns` is one every namespace has
+/// (reported once, as a ClusterRoleBinding's).
+fn everywhere_counted(l: &Listed, ns: Option<&str>, everywhere: &BTreeSet<Listed>) -> bool {
+    ns.is_some() && everywhere.contains(l)
+}
+
+/// A namespace name that no binding of the identity names: a rules review
+/// there sees only cluster-wide grants. It need not exist.
+fn unbound_namespace(bindings: &[Binding]) -> String {
+    let mut name = String::from("csi-relay-check-unbound");
+    while bindings
+        .iter()
+        .any(|b| b.namespace.as_deref() == Some(name.as_str()))
+    {
+        name.push('x');
+    }
+    name
+}
+
+/// The namespaces to review: the kit's, the matrix's, and every one where
+/// a RoleBinding names the identity.
+fn namespaces(wanted: &[Right], bindings: &[Binding]) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = [NAMESPACE.to_string()].into();
+    out.extend(
+        wanted
+            .iter()
+            .filter(|r| r.namespace != "*")
+            .map(|r| r.namespace.clone()),
+    );
+    out.extend(bindings.iter().filter_map(|b| b.namespace.clone()));
+    out
+}
+
+/// Rights held beyond the matrix, each scope a finding naming what grants it.
+async fn extra_rights(
+    cluster: &Cluster,
+    subject: &str,
+    identity: &str,
+    wanted: &[Right],
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let found = match bindings::whoami(cluster).await {
+        Ok(who) => bindings::of(cluster, &who).await,
+        Err(e) => Err(e),
+    };
+    let found = match found {
+        Ok(b) => b,
+        Err(e) => {
+            // Without the bindings, the namespaces to look in are unknown:
+            // the kit's and cluster-wide only, as the rules review shows them.
+            out.push(Finding::info(
+                "access",
+                subject,
+                format!("rights beyond the matrix are looked for in namespace {NAMESPACE} and cluster-wide only: cannot read the bindings that name this identity: {e}"),
+            ));
+            Vec::new()
+        }
+    };
+    let everywhere = match rules(cluster, &unbound_namespace(&found)).await {
+        Ok(r) => r,
+        Err(e) => return vec![Finding::unchecked("access", subject, e)],
+    };
+    let mut per_namespace = BTreeMap::new();
+    for ns in namespaces(wanted, &found) {
+        match rules(cluster, &ns).await {
+            Ok(r) => {
+                per_namespace.insert(ns, r);
+            }
+            Err(e) => return vec![Finding::unchecked("access", subject, e)],
+        }
+    }
+    for b in beyond(wanted, &everywhere, &per_namespace, &found) {
+        let shown: Vec<&String> = b.rights.iter().take(12).collect();
+        let scope = match &b.namespace {
+            Some(ns) => format!("in namespace {ns}"),
+            None => "in every namespace".into(),
+        };
+        let from: Vec<String> = b.from.iter().map(ToString::to_string).collect();
+        let granted = if from.is_empty() {
+            String::new()
+        } else {
+            format!("; granted by {}", from.join(", "))
+        };
+        let fix = match b.from.iter().find(|b| !b.is_kits()) {
+            Some(Binding { namespace: Some(ns), name, .. }) => format!(
+                "kubectl -n {ns} delete rolebinding {name} (or take this identity out of its subjects), or run check with the relay's own credentials, not an admin's"
+            ),
+            Some(Binding { namespace: None, name, .. }) => format!(
+                "kubectl delete clusterrolebinding {name} (or take this identity out of its subjects), or run check with the relay's own credentials, not an admin's"
+            ),
+            None => "re-apply the kit's RBAC (a role of the kit holds more than it ships), or remove the extra bindings of this identity (kubectl get clusterrolebindings,rolebindings -A -o wide)".into(),
+        };
+        out.push(Finding::problem(
+            "access",
+            subject,
+            format!(
+                "holds {} right(s) {scope} beyond what docs/security.md gives {identity}: {shown:?}{}{granted}",
+                b.rights.len(),
+                if b.rights.len() > shown.len() { " ..." } else { "" }
+            ),
+            fix,
+        ));
+    }
+    out
 }
 
 /// One cluster as one identity of the matrix.
@@ -244,43 +432,7 @@ async fn check_one(cluster: &Cluster, subject: &str, identity: &str, which: &str
             ),
         ));
     }
-    let allowed: BTreeSet<Listed> = wanted
-        .iter()
-        .filter(|r| r.namespace == "*" || r.namespace == NAMESPACE)
-        .map(Right::key)
-        .collect();
-    match rules(cluster).await {
-        Ok(held) => {
-            let beyond: Vec<String> = held
-                .difference(&allowed)
-                .filter(|(g, r, _, _)| !baseline(g, r))
-                .map(|(g, r, v, n)| {
-                    Right {
-                        group: g.clone(),
-                        resource: r.clone(),
-                        verb: v.clone(),
-                        name: n.clone(),
-                        namespace: NAMESPACE.into(),
-                    }
-                    .to_string()
-                })
-                .collect();
-            if !beyond.is_empty() {
-                let shown: Vec<&String> = beyond.iter().take(12).collect();
-                out.push(Finding::problem(
-                    "access",
-                    subject,
-                    format!(
-                        "holds {} right(s) beyond what docs/security.md gives {identity}: {shown:?}{}",
-                        beyond.len(),
-                        if beyond.len() > shown.len() { " ..." } else { "" }
-                    ),
-                    "remove the extra bindings of this identity (kubectl get clusterrolebindings,rolebindings -A -o wide), or run check with the relay's own credentials, not an admin's",
-                ));
-            }
-        }
-        Err(e) => out.push(Finding::unchecked("access", subject, e)),
-    }
+    out.extend(extra_rights(cluster, subject, identity, &wanted).await);
     out
 }
 
@@ -330,5 +482,80 @@ mod tests {
             granted("csi-relay-member-node", "member")[0].to_string(),
             "get secrets.core node-stage-secret in csi-relay-node-secrets"
         );
+    }
+
+    fn l(g: &str, r: &str, v: &str) -> Listed {
+        (g.into(), r.into(), v.into(), "*".into())
+    }
+
+    fn binding(ns: Option<&str>, name: &str) -> Binding {
+        Binding {
+            namespace: ns.map(str::to_string),
+            name: name.into(),
+            role: "ClusterRole view".into(),
+            via: "ServiceAccount csi-relay/csi-relay-member".into(),
+        }
+    }
+
+    #[test]
+    fn rights_beyond_the_matrix_are_found_in_any_namespace_and_laid_at_their_binding() {
+        let wanted = granted("csi-relay-member", "member");
+        let kit: BTreeSet<Listed> = wanted.iter().map(Right::key).collect();
+        // What the kit grants, and a ClusterRoleBinding's view on top.
+        let mut everywhere = kit.clone();
+        everywhere.insert(l("apps", "deployments", "list"));
+        everywhere.insert(l(
+            "authorization.k8s.io",
+            "selfsubjectrulesreviews",
+            "create",
+        ));
+        let mut in_csi_relay = everywhere.clone();
+        in_csi_relay.extend(kit.iter().cloned());
+        // A RoleBinding in another namespace: secrets there.
+        let mut in_apps = everywhere.clone();
+        in_apps.insert(l("", "secrets", "get"));
+        let per_namespace = BTreeMap::from([
+            ("csi-relay".to_string(), in_csi_relay),
+            ("apps".to_string(), in_apps),
+        ]);
+        let bindings = [
+            binding(None, "csi-relay-member"),
+            binding(None, "extra-view"),
+            binding(Some("apps"), "extra-secrets"),
+        ];
+        let found = beyond(&wanted, &everywhere, &per_namespace, &bindings);
+        assert_eq!(
+            found,
+            [
+                Beyond {
+                    namespace: None,
+                    rights: vec!["list deployments.apps".into()],
+                    from: vec![binding(None, "extra-view")],
+                },
+                Beyond {
+                    namespace: Some("apps".into()),
+                    rights: vec!["get secrets.core in apps".into()],
+                    from: vec![binding(Some("apps"), "extra-secrets")],
+                },
+            ]
+        );
+        // Only the kit's own bindings: the kit's role holds the extra.
+        let found = beyond(&wanted, &everywhere, &BTreeMap::new(), &bindings[..1]);
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].from, [binding(None, "csi-relay-member")]);
+        // Exactly the matrix: nothing.
+        assert!(beyond(&wanted, &kit, &BTreeMap::new(), &bindings).is_empty());
+    }
+
+    #[test]
+    fn the_namespaces_reviewed_are_the_kits_and_every_bound_one() {
+        let wanted = granted("csi-relay-member-node", "member");
+        let found = namespaces(&wanted, &[binding(Some("apps"), "x"), binding(None, "y")]);
+        assert_eq!(
+            found.into_iter().collect::<Vec<_>>(),
+            ["apps", "csi-relay", "csi-relay-node-secrets"]
+        );
+        let unbound = unbound_namespace(&[binding(Some("csi-relay-check-unbound"), "z")]);
+        assert_eq!(unbound, "csi-relay-check-unboundx");
     }
 }

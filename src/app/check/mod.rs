@@ -9,6 +9,7 @@
 
 pub mod access;
 mod args;
+mod bindings;
 mod classes;
 mod crd;
 mod nodes;
