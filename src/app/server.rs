@@ -219,6 +219,13 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     // Pods on virtual nodes run in the members: their
                     // state comes from there.
                     for (name, client) in member_watches {
+                        crate::k8s::member_problems::spawn(
+                            name.clone(),
+                            client.clone(),
+                            host.clone()
+                                .with_timeout(crate::k8s::relay_volume::OBSERVER_TIMEOUT),
+                            seen.clone(),
+                        );
                         crate::k8s::observation::spawn(
                             name,
                             client,

@@ -1,14 +1,18 @@
 //! The Kubernetes API: one bounded way to call a cluster (`cluster`), its
-//! errors as CSI errors (`error`), the names of what the relay creates
+//! errors as CSI errors (`error`), bounded waits for one object
+//! (`converge`), the names of what the relay creates
 //! (`naming`), the `RelayVolume` resource and its writers (`relay_volume`,
 //! `mirror`, `relay_summary`), what member clusters report of the relay's
-//! volumes (`observation`), and the virtual-node registrar.
+//! volumes (`observation`) and of claims they cannot provision
+//! (`member_problems`), and the virtual-node registrar.
 //!
 //! May import: `csi`, `domain`, `rt`, `os`, `store`.
 
 pub mod cluster;
 pub mod connect;
+pub mod converge;
 pub mod error;
+pub mod member_problems;
 pub mod member_view;
 pub mod mirror;
 pub mod naming;

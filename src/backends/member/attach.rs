@@ -14,6 +14,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
+use crate::k8s::converge::{self, Waited};
 use crate::k8s::POLL_INTERVAL;
 
 /// Whether the member's `driver` needs a VolumeAttachment. Kubernetes
@@ -97,7 +98,7 @@ pub async fn ensure_attached(
     let name = va.metadata.name.clone().unwrap_or_default();
     let api = Api::<VolumeAttachment>::all(cluster.client());
     let get_what = format!("get VolumeAttachment {name}");
-    let mut current = match cluster
+    let current = match cluster
         .create(
             &format!("create VolumeAttachment {name}"),
             api.create(&PostParams::default(), va),
@@ -128,17 +129,27 @@ pub async fn ensure_attached(
             existing
         }
     };
-    let deadline = tokio::time::Instant::now() + wait;
-    let mut changes = watch_one(&api, &name, &current, wait).await;
-    loop {
-        if let Some(metadata) = attached(&current) {
-            return Ok(metadata);
-        }
-        if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
+    let waited = converge::until(
+        cluster,
+        &api,
+        current,
+        wait,
+        |va| attached(va).is_some(),
+        || {
+            CsiError::Aborted(format!(
+                "{}: VolumeAttachment {name} was deleted while attaching; retry",
+                cluster.label()
+            ))
+        },
+    )
+    .await?;
+    match waited {
+        Waited::Reached(va) => Ok(attached(&va).unwrap_or_default()),
+        Waited::TimedOut(current) => {
             let why = attach_error(&current)
                 .map(|e| format!(": the member's attacher reports {e:?}"))
                 .unwrap_or_default();
-            return Err(CsiError::Unavailable(format!(
+            Err(CsiError::Unavailable(format!(
                 "{}: VolumeAttachment {name} ({} on node {}) is not attached yet{why}; retry",
                 cluster.label(),
                 va.spec
@@ -147,87 +158,7 @@ pub async fn ensure_attached(
                     .as_deref()
                     .unwrap_or("?"),
                 va.spec.node_name
-            )));
-        }
-        // The watch hands over the changed object itself; a watch that
-        // stays quiet says nothing changed; only without a watch is the
-        // object read again.
-        current = match next_change(&mut changes).await {
-            Next::Changed(changed) => *changed,
-            Next::Unchanged => continue,
-            Next::Unknown => cluster
-                .fetch(&get_what, api.get(&name))
-                .await?
-                .ok_or_else(|| {
-                    CsiError::Aborted(format!(
-                        "{}: VolumeAttachment {name} was deleted while attaching; retry",
-                        cluster.label()
-                    ))
-                })?,
-        };
-    }
-}
-
-type Changes = std::pin::Pin<
-    Box<dyn futures::Stream<Item = kube::Result<kube::api::WatchEvent<VolumeAttachment>>> + Send>,
->;
-
-/// A watch of one VolumeAttachment from the version just read, so its
-/// `attached` wakes the wait as soon as the member's attacher sets it
-/// rather than at the next poll (the member attaches in about 100 ms; a
-/// poll alone made every publish take at least `POLL_INTERVAL`, on the
-/// pod's path). None when the watch cannot start: the poll still runs.
-async fn watch_one(
-    api: &Api<VolumeAttachment>,
-    name: &str,
-    current: &VolumeAttachment,
-    wait: Duration,
-) -> Option<Changes> {
-    let version = current.metadata.resource_version.as_deref()?;
-    // The API server ends the watch by itself once the wait is over
-    // (it takes at most 295 s).
-    let secs = u32::try_from(wait.as_secs().clamp(1, 290)).unwrap_or(290);
-    let params = kube::api::WatchParams::default()
-        .fields(&format!("metadata.name={name}"))
-        .timeout(secs);
-    match tokio::time::timeout(POLL_INTERVAL, api.watch(&params, version)).await {
-        Ok(Ok(stream)) => Some(Box::pin(stream)),
-        _ => None,
-    }
-}
-
-/// What one `POLL_INTERVAL` of waiting told.
-#[derive(Debug)]
-enum Next {
-    /// The watch handed over the changed object.
-    Changed(Box<VolumeAttachment>),
-    /// The watch is up and reported nothing: the object is as it was. (A
-    /// watch that stays silent past the client's read timeout fails, and
-    /// is dropped.)
-    Unchanged,
-    /// No watch: the object must be read.
-    Unknown,
-}
-
-/// Waits for the next change the watch reports, or `POLL_INTERVAL` at
-/// most. A watch that ends or fails (a partition, a version too old, a
-/// deletion) is dropped, and the caller reads the object from then on, so
-/// the watch only ever makes the wait shorter.
-async fn next_change(changes: &mut Option<Changes>) -> Next {
-    use futures::StreamExt;
-    let Some(stream) = changes.as_mut() else {
-        tokio::time::sleep(POLL_INTERVAL).await;
-        return Next::Unknown;
-    };
-    match tokio::time::timeout(POLL_INTERVAL, stream.next()).await {
-        Ok(Some(Ok(kube::api::WatchEvent::Added(va) | kube::api::WatchEvent::Modified(va)))) => {
-            Next::Changed(Box::new(va))
-        }
-        Err(_) => Next::Unchanged,
-        Ok(Some(Ok(_))) | Ok(Some(Err(_))) | Ok(None) => {
-            *changes = None;
-            tokio::time::sleep(POLL_INTERVAL).await;
-            Next::Unknown
+            )))
         }
     }
 }
@@ -370,70 +301,5 @@ pub async fn ensure_detached(cluster: &Cluster, name: &str, wait: Duration) -> C
             )));
         }
         tokio::time::sleep(POLL_INTERVAL).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::api::WatchEvent;
-
-    fn va(attached: bool) -> VolumeAttachment {
-        let mut va = VolumeAttachment::default();
-        va.metadata.name = Some("csi-x".into());
-        va.status = Some(k8s_openapi::api::storage::v1::VolumeAttachmentStatus {
-            attached,
-            ..Default::default()
-        });
-        va
-    }
-
-    fn stream(events: Vec<kube::Result<WatchEvent<VolumeAttachment>>>) -> Option<Changes> {
-        Some(Box::pin(futures::stream::iter(events)))
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watched_change_is_handed_over_at_once() {
-        let mut changes = stream(vec![Ok(WatchEvent::Modified(va(true)))]);
-        let started = tokio::time::Instant::now();
-        let got = next_change(&mut changes).await;
-        assert!(
-            matches!(&got, Next::Changed(v) if v.status.as_ref().is_some_and(|s| s.attached)),
-            "{got:?}"
-        );
-        assert_eq!(started.elapsed(), Duration::ZERO);
-        assert!(changes.is_some(), "a watch that delivers is kept");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_that_fails_or_ends_is_dropped_and_the_poll_goes_on() {
-        let gone = kube::Error::Api(Box::new(
-            kube::core::Status::failure("too old resource version", "Expired").with_code(410),
-        ));
-        for events in [
-            vec![Err(gone)],
-            vec![],
-            vec![Ok(WatchEvent::Deleted(va(false)))],
-        ] {
-            let mut changes = stream(events);
-            let started = tokio::time::Instant::now();
-            assert!(matches!(next_change(&mut changes).await, Next::Unknown));
-            assert!(changes.is_none(), "the broken watch is dropped");
-            assert_eq!(started.elapsed(), POLL_INTERVAL, "the poll's pace is kept");
-            // Without a watch the wait is the poll alone.
-            let started = tokio::time::Instant::now();
-            assert!(matches!(next_change(&mut changes).await, Next::Unknown));
-            assert_eq!(started.elapsed(), POLL_INTERVAL);
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_quiet_watch_is_kept_and_waits_one_poll_interval() {
-        let mut changes: Option<Changes> = Some(Box::pin(futures::stream::pending()));
-        let started = tokio::time::Instant::now();
-        // Nothing changed: no read is needed.
-        assert!(matches!(next_change(&mut changes).await, Next::Unchanged));
-        assert_eq!(started.elapsed(), POLL_INTERVAL);
-        assert!(changes.is_some());
     }
 }

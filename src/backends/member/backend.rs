@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use crate::backends::member::pvc::{self, ClaimPlan, DataSource};
-use crate::backends::member::{attach, capacity, claim_create, namespace, snapshot};
+use crate::backends::member::{attach, capacity, claim_bound, claim_create, namespace, snapshot};
 use crate::backends::{
     Backend, CapacityReport, DataKind, Health, NodeSource, OwnAttachment, Placement, SourceData,
     StoredData,
@@ -52,8 +52,10 @@ impl MemberBackend {
     /// `node_id`, found by its labels and the host node it names: an
     /// attachment never made needs neither the node nor its member mapping
     /// (an unmapped node, or one deleted since, must not strand the volume).
-    /// Attachments of builds that did not name their host node are found by
-    /// the name the node's current mapping gives.
+    /// One named for another host node may be this one's too (two host
+    /// nodes mapped to one member node share it, and it names the first),
+    /// as may one of a build that did not name its host node: those are
+    /// found by the name the node's current mapping gives.
     async fn attachment_for(
         &self,
         cluster: &Cluster,
@@ -67,9 +69,27 @@ impl MemberBackend {
         {
             return Ok(va.metadata.name.clone());
         }
-        if ours.iter().all(|va| attach::host_node(va).is_some()) {
+        if ours.is_empty() {
             return Ok(None);
         }
+        let Some(name) = self.mapped_attachment(cluster, at, node_id).await? else {
+            return Ok(None);
+        };
+        Ok(ours
+            .iter()
+            .any(|va| va.metadata.name.as_deref() == Some(name.as_str()))
+            .then_some(name))
+    }
+
+    /// The name of the relay's attachment of `at` for host node `node_id`
+    /// by the node's current mapping; none for a virtual node (the member
+    /// attaches for its pods), a node gone or mapped to no member node.
+    async fn mapped_attachment(
+        &self,
+        cluster: &Cluster,
+        at: &MemberVolume,
+        node_id: &str,
+    ) -> CsiResult<Option<String>> {
         match nodes::resolve(
             self.host.as_ref(),
             cluster,
@@ -80,11 +100,45 @@ impl MemberBackend {
         {
             Ok(nodes::NodePlace {
                 member_node: Some(member_node),
-                ..
+                virtual_node: false,
             }) => Ok(Some(naming::attachment_name(&at.uuid, &member_node))),
-            Ok(_) | Err(CsiError::NodeNotFound(_)) => Ok(None),
+            Ok(_) | Err(CsiError::NodeNotFound(_)) | Err(CsiError::FailedPrecondition(_)) => {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
+    }
+
+    /// Another host node of `vol` that still holds member attachment
+    /// `name`: host nodes mapped to one member node share the attachment,
+    /// so it goes only when the last of them lets go. A record without the
+    /// attachment's name (an attach cut short, a record rebuilt from its
+    /// RelayVolume) is matched by the node's mapping.
+    async fn other_holder(
+        &self,
+        cluster: &Cluster,
+        vol: &Volume,
+        at: &MemberVolume,
+        node_id: &str,
+        name: &str,
+    ) -> CsiResult<Option<String>> {
+        for (other, n) in &vol.nodes {
+            let Some(a) = n.attachment.as_ref().filter(|_| other != node_id) else {
+                continue;
+            };
+            let holds = if a.publish_context.is_empty() {
+                self.mapped_attachment(cluster, at, other).await?.as_deref() == Some(name)
+            } else {
+                a.publish_context
+                    .get(source::MEMBER_ATTACHMENT)
+                    .map(String::as_str)
+                    == Some(name)
+            };
+            if holds {
+                return Ok(Some(other.clone()));
+            }
+        }
+        Ok(None)
     }
     /// CreateVolume's work: the member PVC, from its source.
     async fn create_claim(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
@@ -151,8 +205,24 @@ impl MemberBackend {
         if Flag::on(params.create_member_namespace) {
             namespace::ensure(cluster, &at.namespace).await?;
         }
-        claim_create::ensure(cluster, &claim, &vol.id).await?;
+        let made = claim_create::ensure(cluster, &claim, &vol.id).await?;
         tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
+        // The class the member gave a claim that named none: its default.
+        let class = match (
+            class,
+            made.spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.as_deref()),
+        ) {
+            (Some(class), _) => Some(class),
+            (None, Some(name)) if !name.is_empty() => {
+                pvc::storage_class(cluster, Some(name)).await?
+            }
+            (None, _) => None,
+        };
+        if class.as_ref().is_some_and(|c| !pvc::binds_late(c)) {
+            claim_bound::await_bound(cluster, made, self.wait).await?;
+        }
         Ok(())
     }
 
@@ -938,6 +1008,10 @@ impl Backend for MemberBackend {
                 None => return Ok(()),
             },
         };
+        if let Some(holder) = self.other_holder(cluster, vol, &at, node_id, &name).await? {
+            tracing::info!(volume_id = %vol.id, node_id, attachment = %name, holder = %holder, "member attachment kept: another host node mapped to the same member node still holds it");
+            return Ok(());
+        }
         if let Some(other) = attach::shared_with(cluster, &name).await? {
             // The host node is done with the volume; a member pod is not.
             // Ours stays (labelled as the relay's) until that one is gone.

@@ -171,6 +171,7 @@ fn attached_to(vol: &mut Volume, node: &str, context: BTreeMap<String, String>) 
                 readonly: false,
                 capability: vol.capabilities[0].clone(),
                 publish_context: context,
+                progress: crate::domain::volume::Progress::Done,
             }),
             ..Default::default()
         },
@@ -509,8 +510,89 @@ async fn immediate_classes_get_no_selected_node() {
             .get(naming::SELECTED_NODE_ANNOTATION)
             .is_none());
         post.created();
+        // The class binds at once: CreateVolume answers once it has.
+        api.expect("GET", &format!("{PVCS}/{}", pvc_name(&vol)))
+            .await
+            .ok(claim(&vol, "Bound", Some("pv-9")));
+        api.expect_idle().await;
     });
     result.unwrap();
+}
+
+// A member class that binds at once, whose provisioner fails: the host
+// claim must not bind over it. CreateVolume waits its bounded time and
+// answers UNAVAILABLE with what the member said of this claim.
+#[tokio::test(start_paused = true)]
+async fn an_immediate_member_claim_that_does_not_bind_is_unavailable_with_the_members_word() {
+    let (b, mut api) = east();
+    let vol = volume(
+        &b,
+        params(&[("memberStorageClass", "fast"), ("memberNamespace", "relay")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    let path = format!("{PVCS}/{}", pvc_name(&vol));
+    let create = async {
+        let started = tokio::time::Instant::now();
+        let result = b.create_volume(&vol, None).await;
+        (result, started.elapsed())
+    };
+    let ((result, took), ()) = tokio::join!(create, async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+            .await
+            .ok(class("Immediate"));
+        api.expect("POST", PVCS).await.created();
+        let mut pending = claim(&vol, "Pending", None);
+        pending["metadata"]["uid"] = "uid-1".into();
+        pending["spec"]["storageClassName"] = "fast".into();
+        // Polled (no watch: the answer had no resourceVersion) until the
+        // wait is over, then the member's events of this claim are read.
+        loop {
+            let call = api.next().await;
+            if call.path == path {
+                call.ok(pending.clone());
+                continue;
+            }
+            assert_eq!(
+                call.path, "/api/v1/namespaces/relay/events",
+                "{}",
+                call.path
+            );
+            let fields = call
+                .query_map()
+                .get("fieldSelector")
+                .cloned()
+                .unwrap_or_default()
+                .replace("%3D", "=")
+                .replace("%2C", ",");
+            assert!(
+                fields.contains(&format!("involvedObject.name={}", pvc_name(&vol)))
+                    && fields.contains("type=Warning"),
+                "{fields}"
+            );
+            call.ok(json!({"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": [
+                {"metadata": {"name": "e1", "namespace": "relay"},
+                 "involvedObject": {"kind": "PersistentVolumeClaim", "name": pvc_name(&vol)},
+                 "reason": "ProvisioningFailed", "type": "Warning",
+                 "lastTimestamp": "2026-11-28T02:00:00Z",
+                 "message": "error generating accessibility requirements: no available topology found"}]}));
+            break;
+        }
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("is Pending, not Bound, after 8 s")
+            && text.contains("the member says ProvisioningFailed: error generating accessibility requirements: no available topology found")
+            && text.contains("(retry)"),
+        "{text}"
+    );
+    assert!(
+        took >= Duration::from_secs(7) && took <= Duration::from_secs(9),
+        "the wait is bounded: {took:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -1299,7 +1381,8 @@ async fn unpublish_of_a_rebuilt_record_finds_the_attachment_by_its_host_node() {
         api.expect_idle().await;
     });
     result.unwrap();
-    // Attachments for other host nodes only: nothing of host-3's to detach.
+    // Attachments for other host nodes only, and host-3 maps to no member
+    // node that has one (it is gone): nothing of host-3's to detach.
     attached_to(&mut vol, "host-3", BTreeMap::new());
     let (result, ()) = tokio::join!(b.detach(&vol, "host-3"), async {
         api.expect("GET", VAS).await.ok(va_list(vec![annotated_va(
@@ -1308,7 +1391,87 @@ async fn unpublish_of_a_rebuilt_record_finds_the_attachment_by_its_host_node() {
             "worker-2",
             Some("host-2"),
         )]));
+        api.expect("GET", "/api/v1/nodes/host-3").await.not_found();
         api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+// Two host nodes mapped to one member node share one member attachment
+// (named for the volume and the member node): unpublishing one of them
+// leaves it to the other, whose pod still uses it, and the last one to let
+// go removes it. Without a word to the member while another holds it.
+#[tokio::test(start_paused = true)]
+async fn a_member_attachment_two_host_nodes_share_goes_with_the_last_of_them() {
+    let (b, mut api) = east();
+    let mut vol = standard(&b);
+    let context: BTreeMap<String, String> = [(
+        source::MEMBER_ATTACHMENT.to_string(),
+        "relay-x-1".to_string(),
+    )]
+    .into();
+    attached_to(&mut vol, "host-a", context.clone());
+    attached_to(&mut vol, "host-b", context);
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-a"), api.expect_idle());
+    result.unwrap();
+    vol.nodes.remove("host-a");
+    let path = "/apis/storage.k8s.io/v1/volumeattachments/relay-x-1";
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-b"), async {
+        api.expect("GET", path)
+            .await
+            .ok(va("relay-x-1", "pv-9", "worker-1"));
+        api.expect("GET", VAS)
+            .await
+            .ok(va_list(vec![va("relay-x-1", "pv-9", "worker-1")]));
+        api.expect("DELETE", path)
+            .await
+            .ok(va("relay-x-1", "pv-9", "worker-1"));
+        api.expect("GET", path).await.not_found();
+        api.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+// The same after a rebuild from RelayVolumes (no publish_context: the
+// attachment's name is not in the records, and it names host-a, which
+// made it): host-b's mapping says it holds the attachment too.
+#[tokio::test(start_paused = true)]
+async fn a_shared_member_attachment_is_kept_and_found_again_in_a_rebuilt_record() {
+    let (b, mut api, mut host) = with_host();
+    let mut vol = standard(&b);
+    attached_to(&mut vol, "host-a", BTreeMap::new());
+    attached_to(&mut vol, "host-b", BTreeMap::new());
+    let uuid = naming::parse_volume_id(&vol.id).unwrap().1.to_string();
+    let name = naming::attachment_name(&uuid, "worker-1");
+    let path = format!("/apis/storage.k8s.io/v1/volumeattachments/{name}");
+    let mapped = |n: &str| {
+        node(
+            n,
+            json!({TOPOLOGY_MEMBER_KEY: "east", TOPOLOGY_MEMBER_NODE_KEY: "worker-1"}),
+        )
+    };
+    let made = annotated_va(&name, "pv-9", "worker-1", Some("host-a"));
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-a"), async {
+        api.expect("GET", VAS).await.ok(va_list(vec![made.clone()]));
+        host.expect("GET", "/api/v1/nodes/host-b")
+            .await
+            .ok(mapped("host-b"));
+        api.expect_idle().await;
+        host.expect_idle().await;
+    });
+    result.unwrap();
+    vol.nodes.remove("host-a");
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-b"), async {
+        api.expect("GET", VAS).await.ok(va_list(vec![made.clone()]));
+        host.expect("GET", "/api/v1/nodes/host-b")
+            .await
+            .ok(mapped("host-b"));
+        api.expect("GET", &path).await.ok(made.clone());
+        api.expect("GET", VAS).await.ok(va_list(vec![made.clone()]));
+        api.expect("DELETE", &path).await.ok(made.clone());
+        api.expect("GET", &path).await.not_found();
+        api.expect_idle().await;
+        host.expect_idle().await;
     });
     result.unwrap();
 }

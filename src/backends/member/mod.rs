@@ -2,7 +2,9 @@
 //! in a member cluster, reached with `kube`.
 //!
 //! - CreateVolume creates the member PVC (named from the volume id, so a
-//!   retry finds it) and returns at once; binding happens in the member.
+//!   retry finds it); where the member class binds at once it answers once
+//!   the claim is Bound (bounded: a retryable error naming what the member
+//!   said until then); where it waits for a consumer, at once.
 //! - ControllerPublishVolume waits for nothing unbounded: it answers a
 //!   retryable error until the member PVC is Bound, creates a member
 //!   VolumeAttachment when the member's CSI driver needs one, and describes
@@ -16,6 +18,7 @@
 pub mod attach;
 pub mod backend;
 pub mod capacity;
+pub mod claim_bound;
 pub mod claim_copy;
 pub mod claim_create;
 pub mod namespace;
