@@ -5,6 +5,10 @@
 //! `cargo test --test suite layering -- --nocapture` (it prints the graph's
 //! size; with `LAYERING_EDGES=1`, every import).
 //!
+//! Within a layer that names its parts (`PARTS`), the same holds between
+//! them: each imports only the parts below it, and every file of the layer
+//! is one of them.
+//!
 //! A module's imports are the `crate::`, `super::` and `self::` paths in its
 //! code (braced `use` groups expanded, and names a `use` bound to a module
 //! followed), resolved to the longest module path that is a file. Code
@@ -19,6 +23,25 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&str] = &[
     "csi", "domain", "rt", "os", "store", "k8s", "backends", "ops", "grpc", "app",
 ];
+
+/// The parts of a layer, lowest first, where it names them: a part may
+/// import itself and the parts before it. Every module of the layer must be
+/// named here, so a new file takes its place on purpose.
+const PARTS: &[(&str, &[&str])] = &[(
+    "store",
+    &[
+        "error",
+        "wal",
+        "overlay",
+        "group_commit",
+        "record",
+        "limits",
+        "index",
+        "tables",
+        "journal",
+        "api",
+    ],
+)];
 
 type ModPath = Vec<String>;
 
@@ -40,6 +63,14 @@ struct Report {
 
 fn name(p: &ModPath) -> String {
     p.join("::")
+}
+
+/// Where `p` stands among its layer's `PARTS`: `None` when the layer names
+/// none or `p` is the layer itself, `Err` when `p` is not among them.
+fn part(p: &ModPath) -> Option<Result<usize, ()>> {
+    let (layer, own) = (p.first()?, p.get(1)?);
+    let (_, parts) = PARTS.iter().find(|(l, _)| l == layer)?;
+    Some(parts.iter().position(|x| x == own).ok_or(()))
 }
 
 /// Every module file under `src`, with its production code.
@@ -456,6 +487,14 @@ fn check(src: &Path) -> Report {
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for m in &mods {
         graph.entry(name(&m.path)).or_default();
+        if let Some(Err(())) = part(&m.path) {
+            report.violations.push(format!(
+                "{} is not among the parts of {} (PARTS in tests/suite/layering.rs) in {}",
+                name(&m.path),
+                m.path[0],
+                m.file.display()
+            ));
+        }
         for r in references(m) {
             let Some(to) = resolve(&r, &known) else {
                 continue;
@@ -476,6 +515,20 @@ fn check(src: &Path) -> Report {
                         "{from_n} -> {to_n} ({} may not import {}) in {}",
                         a.map_or("an unknown layer", |a| LAYERS[a]),
                         b.map_or("an unknown layer", |b| LAYERS[b]),
+                        m.file.display()
+                    );
+                    if !report.violations.contains(&v) {
+                        report.violations.push(v);
+                    }
+                }
+            }
+            if let (Some(Ok(a)), Some(Ok(b))) = (part(&m.path), part(&to)) {
+                if m.path[0] == to[0] && b > a {
+                    let v = format!(
+                        "{from_n} -> {to_n} ({} may not import {}, above it in {}) in {}",
+                        m.path[1],
+                        to[1],
+                        m.path[0],
                         m.file.display()
                     );
                     if !report.violations.contains(&v) {
@@ -580,6 +633,16 @@ fn imports_point_down_the_layers_and_never_in_a_cycle() {
         "only {} modules found under src/",
         report.modules
     );
+    let src = src_dir();
+    for (layer, parts) in PARTS {
+        for p in *parts {
+            let dir = src.join(layer);
+            assert!(
+                dir.join(format!("{p}.rs")).exists() || dir.join(p).join("mod.rs").exists(),
+                "PARTS names {layer}::{p}, which is no module"
+            );
+        }
+    }
     let cycles: Vec<String> = report.cycles.iter().map(|c| c.join(" <-> ")).collect();
     assert!(
         report.violations.is_empty() && cycles.is_empty(),
@@ -667,4 +730,42 @@ fn the_checker_finds_a_cycle_and_an_upward_import() {
         !report.edges.iter().any(|(_, to)| to.starts_with("app")),
         "test code and comments are not imports"
     );
+}
+
+/// The checker holds a layer that names its parts to their order.
+#[test]
+fn the_checker_finds_a_part_importing_one_above_it_and_a_part_not_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    let put = |rel: &str, text: &str| {
+        let p = src.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    put(
+        "store/mod.rs",
+        "mod api;\nmod journal;\nmod stray;\nmod tables;\n",
+    );
+    put("store/api.rs", "use super::journal::Journal;\n");
+    put("store/journal.rs", "\n");
+    put("store/tables.rs", "fn f() { super::journal::run(); }\n");
+    put("store/stray.rs", "\n");
+    let report = check(src);
+    assert!(report.cycles.is_empty(), "{:?}", report.cycles);
+    let mut violations = report.violations.clone();
+    violations.sort();
+    assert_eq!(violations.len(), 2, "{violations:?}");
+    assert!(
+        violations[0].starts_with("store::stray is not among the parts of store"),
+        "{violations:?}"
+    );
+    assert!(
+        violations[1].starts_with(
+            "store::tables -> store::journal (tables may not import journal, above it in store)"
+        ),
+        "{violations:?}"
+    );
+    assert!(report
+        .edges
+        .contains(&("store::api".into(), "store::journal".into())));
 }
