@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# pod-start-kosmos.sh RUN_DIR [relay-pod-start options]: the Kosmos rows of
-# pod-start.sh (see there), on the Kosmos environment of RUN_DIR
+# [LOAD=N] pod-start-kosmos.sh RUN_DIR [relay-pod-start options]: the Kosmos
+# rows of pod-start.sh (see there), on the Kosmos environment of RUN_DIR
 # (tests/kosmos/env-up.sh RUN_DIR). Everything it starts is recorded in
 # RUN_DIR/bench/pids and stopped by PID when it ends, however it ends.
 set -Eeuo pipefail
@@ -116,6 +116,15 @@ done
 for ((i = 0; i < 120; i++)); do
   kh get csinode $VNODE -o jsonpath='{.spec.drivers[*].name}' 2>/dev/null | grep -qw relay.csi.dev && break
   sleep 0.5
+done
+
+# LOAD=N: N busy loops beside everything (a node that is busy, as nodes
+# are: one per core loads both), the same for every row since the rows
+# take turns wave by wave; each ends by itself after LOAD_SECS, and the
+# stop above ends it with the run.
+for ((i = 0; i < ${LOAD:-0}; i++)); do
+  lab kl_start "burner-$i" "$LAB/logs/burner.log" "$(command -v timeout)" "${LOAD_SECS:-3600}" \
+    sh -c 'while :; do :; done'
 done
 
 "$BENCH" --kubeconfig "$HOST_KUBECONFIG" --image "$IMAGE" --tolerate-all \

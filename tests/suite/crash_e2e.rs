@@ -105,7 +105,7 @@ async fn sigkill_in_create_and_publish_leaves_one_claim_per_volume_and_nothing_a
     if let Ok(path) = std::env::var("RELAY_E2E_KEEP_LOG") {
         let _ = std::fs::write(&path, format!("ids: {ids:?}\n{}", d.log()));
     }
-    e2e_support::nothing_left_in_member(&member, &env.namespace, &prefix).await;
+    e2e_support::nothing_left_in_member(&member, &env.namespace, &prefix, Some(&ids)).await;
     map_host_node(&host, &host_node, None).await;
     d.stop_gracefully().await;
 }

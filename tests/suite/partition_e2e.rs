@@ -324,7 +324,7 @@ async fn run(env: &Env, host: &Client, member: &Client, node: &str, cut: Cut) ->
             .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists()),
         "the relay kept running through the {cut:?} cut"
     );
-    e2e_support::nothing_left_in_member(member, &env.namespace, &prefix).await;
+    e2e_support::nothing_left_in_member(member, &env.namespace, &prefix, None).await;
     let relay: Api<RelayVolume> = Api::all(host.clone());
     let left: Vec<String> = relay
         .list(&ListParams::default())

@@ -132,7 +132,13 @@ async fn a_refused_publish_leaves_the_volume_releasable() {
             "{case}: the refusal shown goes once the volume moved on"
         );
         delete_until_ok(&c, &vol.volume_id).await;
-        nothing_left_in_member(&member, &env.namespace, &prefix).await;
+        nothing_left_in_member(
+            &member,
+            &env.namespace,
+            &prefix,
+            Some(std::slice::from_ref(&vol.volume_id)),
+        )
+        .await;
         delete_node(&host, &node).await;
     }
 }
@@ -218,7 +224,13 @@ async fn an_attachment_is_released_after_its_node_loses_its_mapping_or_goes() {
             "{case}: the member attachment is gone once ControllerUnpublishVolume succeeded"
         );
         delete_until_ok(&c, &vol.volume_id).await;
-        nothing_left_in_member(&member, &env.namespace, &prefix).await;
+        nothing_left_in_member(
+            &member,
+            &env.namespace,
+            &prefix,
+            Some(std::slice::from_ref(&vol.volume_id)),
+        )
+        .await;
         delete_node(&host, &node).await;
     }
 }
@@ -386,7 +398,13 @@ async fn a_host_node_that_goes_away_leaves_nothing() {
         async move { pvs.get_opt(&host_pv).await.ok()?.is_none().then_some(()) }
     })
     .await;
-    nothing_left_in_member(&member, &env.namespace, &host_pv).await;
+    nothing_left_in_member(
+        &member,
+        &env.namespace,
+        &host_pv,
+        Some(std::slice::from_ref(&volume_id)),
+    )
+    .await;
     let _ = classes.delete(&class, &DeleteParams::default()).await;
     let _ = Api::<Namespace>::all(host.clone())
         .delete(&ns, &DeleteParams::default())

@@ -4,7 +4,7 @@
 //! (one class's wave, then the next class's), so a slow minute of the
 //! machine falls on all of them alike.
 //!
-//! For each class and wave size it prints p50/p95/max/best of apply →
+//! For each class and wave size it prints p50/p90/p95/max/best of apply →
 //! Running and, to show where the time goes, the median time from the apply
 //! to each milestone the API shows: claim Bound, pod scheduled (nodeName
 //! set), VolumeAttachment attached (when the driver attaches), Running.
@@ -98,6 +98,10 @@ struct Args {
     /// phase, not by their drivers. 0: no pause.
     #[arg(long, default_value_t = 10.0)]
     jitter_secs: f64,
+    /// Print every pod's milestones as its wave ends (seconds from the
+    /// apply), to find where a slow round's time went in the logs.
+    #[arg(long)]
+    each: bool,
     /// How long one wave may take before the run is abandoned.
     #[arg(long, default_value_t = 300)]
     timeout_secs: u64,
@@ -558,6 +562,18 @@ async fn run(
                 };
                 pause(args.jitter_secs).await;
                 let got = wave(t, &names, args).await?;
+                if args.each {
+                    for (name, s) in names.iter().zip(&got) {
+                        println!(
+                            "  sample {class} {name} at {}: bound {} scheduled {} attached {} running {}",
+                            k8s_openapi::jiff::Timestamp::now(),
+                            secs(s.bound),
+                            secs(s.scheduled),
+                            secs(s.attached),
+                            secs(Some(s.running)),
+                        );
+                    }
+                }
                 if let (Some(url), Some(before)) = (metrics.get(&t.class), before) {
                     let acc = calls.entry(class).or_default();
                     for (m, (s, c)) in rpc_figures(url).await? {
@@ -576,16 +592,26 @@ async fn run(
             args.pods
         );
         println!(
-            "  {:<50} {:>6} {:>6} {:>6} {:>6}   median to: {:>6} {:>9} {:>8} {:>7}",
-            "class", "p50", "p95", "max", "best", "bound", "scheduled", "attached", "running"
+            "  {:<50} {:>6} {:>6} {:>6} {:>6} {:>6}   median to: {:>6} {:>9} {:>8} {:>7}",
+            "class",
+            "p50",
+            "p90",
+            "p95",
+            "max",
+            "best",
+            "bound",
+            "scheduled",
+            "attached",
+            "running"
         );
         for (class, v) in &samples {
             let mut running: Vec<Duration> = v.iter().map(|s| s.running).collect();
             running.sort();
             println!(
-                "  {:<50} {:>6} {:>6} {:>6} {:>6}   {:>17} {:>9} {:>8} {:>7}",
+                "  {:<50} {:>6} {:>6} {:>6} {:>6} {:>6}   {:>17} {:>9} {:>8} {:>7}",
                 class,
                 secs(Some(percentile(&running, 0.5))),
+                secs(Some(percentile(&running, 0.9))),
                 secs(Some(percentile(&running, 0.95))),
                 secs(running.last().copied()),
                 secs(running.first().copied()),

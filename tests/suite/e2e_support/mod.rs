@@ -270,6 +270,26 @@ pub fn relay_made(vas: &[k8s_openapi::api::storage::v1::VolumeAttachment]) -> Ve
         .collect()
 }
 
+/// The names of the attachments the relay made for volume `id` (labelled
+/// with its uuid), among `vas`.
+pub fn relay_made_for(
+    vas: &[k8s_openapi::api::storage::v1::VolumeAttachment],
+    id: &str,
+) -> Vec<String> {
+    let uuid = id.rsplit('-').next().unwrap_or_default();
+    vas.iter()
+        .filter(|va| {
+            va.metadata.labels.as_ref().is_some_and(|l| {
+                l.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("csi-relay")
+                    && l.get(csi_relay::k8s::naming::VOLUME_UUID_LABEL)
+                        .map(String::as_str)
+                        == Some(uuid)
+            })
+        })
+        .filter_map(|va| va.metadata.name.clone())
+        .collect()
+}
+
 /// Waits until a VolumeAttachment of PV `pv` is attached; returns its name.
 pub async fn attached_va(
     what: &str,
@@ -403,8 +423,15 @@ pub async fn mapped_clusters(env: &Env) -> (Client, Client, String) {
 }
 
 /// Waits until the member holds no PVC whose volume name starts with
-/// `prefix` and no attachment the relay made.
-pub async fn nothing_left_in_member(member: &Client, namespace: &str, prefix: &str) {
+/// `prefix` and no attachment the relay made: of the volumes `only` names,
+/// or (`None`) of any volume, for a test that cannot name its own (an
+/// earlier test's leftovers then count too).
+pub async fn nothing_left_in_member(
+    member: &Client,
+    namespace: &str,
+    prefix: &str,
+    only: Option<&[String]>,
+) {
     use k8s_openapi::api::core::v1::PersistentVolumeClaim;
     use k8s_openapi::api::storage::v1::VolumeAttachment;
     use kube::api::ListParams;
@@ -424,8 +451,11 @@ pub async fn nothing_left_in_member(member: &Client, namespace: &str, prefix: &s
                     .into_iter()
                     .filter(|p| volume_name_of(p).is_some_and(|n| n.starts_with(&prefix)))
                     .count();
-                let left_vas =
-                    relay_made(&vas.list(&ListParams::default()).await.ok()?.items).len();
+                let all = vas.list(&ListParams::default()).await.ok()?.items;
+                let left_vas = match only {
+                    Some(ids) => ids.iter().map(|id| relay_made_for(&all, id).len()).sum(),
+                    None => relay_made(&all).len(),
+                };
                 (left_pvcs == 0 && left_vas == 0).then_some(())
             }
         },
