@@ -40,7 +40,7 @@ const RECHECK: Duration = Duration::from_secs(5);
 /// cost no read; forgotten all at once past this many.
 const FOREIGN_KEPT: usize = 4096;
 /// Longest text of the member's own words carried into the host.
-const MEMBER_WORDS: usize = 512;
+pub const MEMBER_WORDS: usize = 512;
 
 /// One Warning event of a member claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,25 +57,24 @@ impl Warning {
         if about.kind.as_deref() != Some("PersistentVolumeClaim") {
             return None;
         }
-        let mut said = format!(
-            "{}: {}",
-            event.reason.as_deref().unwrap_or("Warning"),
-            event.message.as_deref().unwrap_or("").trim()
-        );
-        if said.len() > MEMBER_WORDS {
-            let mut end = MEMBER_WORDS;
-            while !said.is_char_boundary(end) {
-                end -= 1;
-            }
-            said.truncate(end);
-            said.push('…');
-        }
         Some(Warning {
             claim: (about.namespace.clone()?, about.name.clone()?),
             uid: about.uid.clone(),
-            said,
+            said: said(event),
         })
     }
+}
+
+/// What a member event says, as `Reason: message`, bounded in length.
+pub fn said(event: &Event) -> String {
+    crate::k8s::shortened(
+        format!(
+            "{}: {}",
+            event.reason.as_deref().unwrap_or("Warning"),
+            event.message.as_deref().unwrap_or("").trim()
+        ),
+        MEMBER_WORDS,
+    )
 }
 
 /// Watches member `member`'s claim warnings for as long as the controller

@@ -44,16 +44,7 @@ const MAX_FAILURE_TEXT: usize = 1024;
 const FAILURE_NOTE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn failure_text(call: &str, code: &str, error: &CsiError) -> String {
-    let mut text = format!("{call}: {code}: {error}");
-    if text.len() > MAX_FAILURE_TEXT {
-        let mut end = MAX_FAILURE_TEXT;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-        text.push('…');
-    }
-    text
+    crate::k8s::shortened(format!("{call}: {code}: {error}"), MAX_FAILURE_TEXT)
 }
 
 impl RelayMirror {

@@ -38,3 +38,18 @@ pub const WAIT_BUDGET: Duration = Duration::from_secs(8);
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// Server-side apply field manager of the controller.
 pub const FIELD_MANAGER: &str = "csi-relay";
+
+/// `text` cut to at most `max` bytes (on a character boundary, marked
+/// with '…'): what goes into an object's field or a message someone reads
+/// stays bounded whatever the source (a member's event, an error chain).
+pub fn shortened(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}

@@ -15,9 +15,7 @@ use crate::backends::member::pvc::{claims, phase};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::converge::{self, Waited};
-
-/// Longest text of the member's own words carried into an error.
-const MEMBER_WORDS: usize = 512;
+use crate::k8s::member_problems::said;
 
 /// Waits up to `wait` for `claim` (as just made or adopted) to be Bound.
 pub async fn await_bound(
@@ -96,21 +94,7 @@ pub fn newest_warning(events: &[Event]) -> Option<String> {
             .or(e.event_time.as_ref().map(|t| t.0))
             .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
     };
-    let newest = events.iter().max_by_key(|e| when(e))?;
-    let mut said = format!(
-        "{}: {}",
-        newest.reason.as_deref().unwrap_or("Warning"),
-        newest.message.as_deref().unwrap_or("").trim()
-    );
-    if said.len() > MEMBER_WORDS {
-        let mut end = MEMBER_WORDS;
-        while !said.is_char_boundary(end) {
-            end -= 1;
-        }
-        said.truncate(end);
-        said.push('…');
-    }
-    Some(said)
+    events.iter().max_by_key(|e| when(e)).map(said)
 }
 
 #[cfg(test)]
@@ -146,7 +130,7 @@ mod tests {
         );
         let long = newest_warning(&[event("X", &"é".repeat(600), 1)]).unwrap_or_default();
         assert!(
-            long.len() <= MEMBER_WORDS + '…'.len_utf8(),
+            long.len() <= crate::k8s::member_problems::MEMBER_WORDS + '…'.len_utf8(),
             "{}",
             long.len()
         );
