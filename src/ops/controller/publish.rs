@@ -69,10 +69,13 @@ pub async fn publish(
             }
         };
         // NODE_READY is reached only now: until then the record held the
-        // intent, which PHASE does not count.
+        // intent, which PHASE does not count. An outcome: durable for a
+        // member volume; for a local one (whose attach does nothing) with
+        // no sync of its own, since a crash that loses it only shows the
+        // attachment pending until its next ControllerPublishVolume.
         let reached = state::attached(&attached, &node_id, context.clone());
         if reached != attached {
-            d.put_volume(&reached).await?;
+            d.put_outcome(&reached).await?;
         }
     }
     if new {
