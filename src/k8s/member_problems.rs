@@ -159,7 +159,10 @@ impl Problems {
 
     /// A member warning: shown if it concerns a relay claim not bound.
     pub async fn warned(&mut self, w: Warning) {
-        if self.foreign.contains(&w.claim) {
+        // Not the relay's, or shown already (the member repeats a warning
+        // as its provisioner retries): no read of the claim.
+        let shown = |(claim, text): &(Key, String)| *claim == w.claim && text.ends_with(&w.said);
+        if self.foreign.contains(&w.claim) || self.open.values().any(shown) {
             return;
         }
         let claim = match self.claim(&w.claim).await {

@@ -112,12 +112,10 @@ async fn a_relay_claim_the_member_cannot_provision_is_shown_on_its_relay_volume_
         host.expect_idle().await;
     });
 
-    // The member repeats itself (the event's count goes up): nothing new.
+    // The member repeats itself (the event's count goes up): nothing new,
+    // not even a read of the claim.
     let ((), ()) = tokio::join!(p.warned(warning("uid-1")), async {
-        member
-            .expect("GET", CLAIM)
-            .await
-            .ok(member_claim("uid-1", "Pending", true));
+        member.expect_idle().await;
         host.expect_idle().await;
     });
 
@@ -224,4 +222,32 @@ fn only_claim_warnings_are_read_and_their_text_is_bounded() {
     assert!(w.said.len() <= MEMBER_WORDS + '…'.len_utf8());
     event.involved_object.kind = Some("Pod".into());
     assert_eq!(Warning::of(&event), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_warning_the_host_did_not_take_is_shown_at_the_next_one() {
+    let (mut p, mut member, mut host, _view) = problems(None);
+    let ((), ()) = tokio::join!(p.warned(warning("uid-1")), async {
+        member
+            .expect("GET", CLAIM)
+            .await
+            .ok(member_claim("uid-1", "Pending", true));
+        host.next()
+            .await
+            .status(500, "InternalError", "etcd is having a bad day");
+        host.expect_idle().await;
+    });
+    assert!(p.open.is_empty(), "not shown: nothing to clear later");
+    let ((), ()) = tokio::join!(p.warned(warning("uid-1")), async {
+        member
+            .expect("GET", CLAIM)
+            .await
+            .ok(member_claim("uid-1", "Pending", true));
+        let shown = host.next().await;
+        assert_eq!(shown.body["status"]["lastError"], SHOWN);
+        shown.echo();
+        host.next().await.not_found(); // no host claim: no event
+        host.expect_idle().await;
+    });
+    assert_eq!(p.open.len(), 1);
 }

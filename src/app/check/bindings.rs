@@ -175,33 +175,31 @@ pub fn naming(
 /// Every binding of the cluster that names `who`: needs `list` on
 /// clusterrolebindings and rolebindings, which the kit grants for this.
 pub async fn of(cluster: &Cluster, who: &Identity) -> Result<Vec<Binding>, String> {
-    let mut cluster_bindings = Vec::new();
-    cluster
-        .list_pages(
-            "list ClusterRoleBindings",
-            &Api::<ClusterRoleBinding>::all(cluster.client()),
-            ListParams::default(),
-            |page| {
-                cluster_bindings.extend(page);
-                Ok::<_, crate::k8s::error::KubeError>(())
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut role_bindings = Vec::new();
-    cluster
-        .list_pages(
-            "list RoleBindings",
-            &Api::<RoleBinding>::all(cluster.client()),
-            ListParams::default(),
-            |page| {
-                role_bindings.extend(page);
-                Ok::<_, crate::k8s::error::KubeError>(())
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+    let cluster_bindings: Vec<ClusterRoleBinding> =
+        all(cluster, "list ClusterRoleBindings").await?;
+    let role_bindings: Vec<RoleBinding> = all(cluster, "list RoleBindings").await?;
     Ok(naming(who, &cluster_bindings, &role_bindings))
+}
+
+/// Every object of kind `K` in the cluster, by pages.
+async fn all<K>(cluster: &Cluster, what: &str) -> Result<Vec<K>, String>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut found = Vec::new();
+    cluster
+        .list_pages(
+            what,
+            &Api::<K>::all(cluster.client()),
+            ListParams::default(),
+            |page| {
+                found.extend(page);
+                Ok::<_, crate::k8s::error::KubeError>(())
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(found)
 }
 
 #[cfg(test)]
