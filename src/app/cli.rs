@@ -52,6 +52,13 @@ pub struct ServeArgs {
     )]
     pub endpoint: Endpoint,
 
+    /// A second endpoint serving only the Identity service (Probe), from
+    /// start to stop. With `--leader-election` the main endpoint exists only
+    /// while this replica leads, so a standby's sidecars never elect
+    /// themselves; the liveness probe asks here, and a standby stays alive.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub probe_endpoint: Option<Endpoint>,
+
     /// This node's id, reported by NodeGetInfo and used as its topology.
     #[arg(long, env = "CSI_NODE_ID")]
     pub node_id: String,
@@ -145,7 +152,10 @@ pub struct ServeArgs {
 
     /// One controller at a time: hold a coordination.k8s.io Lease in the
     /// host cluster before doing any controller work (RPCs, housekeeping,
-    /// registrar, member watches); a replica that loses it exits.
+    /// registrar, member watches) or opening --endpoint; a replica writes to
+    /// a cluster only while a renewal of its Lease is fresh, and exits once
+    /// it is not. The member backend's store is rebuilt from the host's
+    /// RelayVolumes each time a replica starts to lead.
     #[arg(long)]
     pub leader_election: bool,
 
@@ -153,8 +163,10 @@ pub struct ServeArgs {
     #[arg(long, env = "POD_NAMESPACE", default_value = "csi-relay")]
     pub leader_election_namespace: String,
 
-    /// Seconds a Lease holder stays leader without renewing it.
-    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(5..=300))]
+    /// Seconds a Lease holder stays leader without renewing it. It renews
+    /// every fifth of this, and stops writing 3/10 of it before a standby
+    /// may take over.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(5..=300))]
     pub leader_election_lease_seconds: u64,
 
     /// Which nodes are virtual: `taint:KEY[=VALUE]:EFFECT` or `label:KEY=VALUE`.

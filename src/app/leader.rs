@@ -1,11 +1,33 @@
 //! One controller at a time (`--leader-election`): a coordination.k8s.io
-//! Lease in the host cluster, held through `kube-lease-manager`. Until this
-//! replica holds it, controller calls answer UNAVAILABLE and no background
-//! controller work starts; a replica that loses it exits, so a deposed
-//! leader never acts on a view another leader has since changed.
+//! Lease in the host cluster, with client-go's rules, so the relay and the
+//! stock sidecars beside it judge a Lease the same way:
+//! - a candidate takes a Lease that is free, or whose record has not
+//!   changed for its duration *as the candidate saw it* (its own monotonic
+//!   clock from the moment it read that record), never by comparing wall
+//!   clocks across nodes; every write names the resourceVersion it read;
+//! - the holder renews every fifth of the duration, and a renewal sent at
+//!   instant `t` opens the write fence (`rt::fence`) until
+//!   `t + duration − margin` (margin: 3/10 of the duration). No other
+//!   candidate can take the Lease before `t + duration`, so a holder that
+//!   cannot renew stops writing `margin` before anyone else may start,
+//!   and exits.
+//!
+//! Why not kube-lease-manager (which this replaced): it judges expiry by
+//! comparing the renewer's wall clock with its own, and does not tell the
+//! holder that a renewal failed, so a holder cut from the API server kept
+//! believing it led: no bound on when it stops writing.
+//!
+//! Once it leads, the relay also frees the sidecars' Leases that a pod other
+//! than its own still holds (see [`hand_over_sidecars`]).
 
-use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
-use tokio::sync::watch;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use tokio::time::Instant;
+
+use crate::rt::fence::fence;
 
 /// The Lease's name: one per driver name.
 pub fn lease_name(driver_name: &str) -> String {
@@ -22,90 +44,394 @@ pub fn lease_name(driver_name: &str) -> String {
     format!("{}-controller", name.trim_matches('-'))
 }
 
-/// Who this replica is in the Lease: the pod (HOSTNAME) and process.
-pub fn identity(node_id: &str) -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| node_id.to_string());
-    format!("{host}-{}", std::process::id())
+/// The pod this process runs in (`k8s::connect::pod_name`), else the node id.
+pub fn pod_name(node_id: &str) -> String {
+    crate::k8s::connect::pod_name().unwrap_or_else(|| node_id.to_string())
 }
 
-/// Waits until this replica holds the Lease, then watches it: losing it
-/// ends the process. Returns once leading.
-pub async fn lead(
-    client: kube::Client,
-    driver_name: &str,
-    node_id: &str,
-    namespace: &str,
-    lease_seconds: u64,
-) -> Result<LeaseHold, String> {
-    let name = lease_name(driver_name);
-    let me = identity(node_id);
-    let duration = lease_seconds;
-    let grace = (lease_seconds / 3).max(2);
-    let manager = LeaseManagerBuilder::new(client, &name)
-        .with_namespace(namespace)
-        .with_parameters(LeaseParams::new(&me, duration, grace))
-        .build()
-        .await
-        .map_err(|e| format!("leader Lease {namespace}/{name}: {e}"))?;
-    let (mut channel, task) = manager.watch().await;
-    tracing::info!(lease = %name, namespace, identity = %me, "waiting to lead");
-    crate::rt::metrics::leader(false);
-    while !*channel.borrow_and_update() {
-        if channel.changed().await.is_err() {
-            return Err(format!(
-                "leader Lease {namespace}/{name}: its manager stopped"
-            ));
+/// Who this replica is in the Lease: its pod and process, as its user
+/// agent names it in the API servers' audit logs.
+pub fn identity(pod: &str) -> String {
+    format!("{pod}_{}", std::process::id())
+}
+
+/// The pod part of a relay holder identity.
+pub fn holder_pod(identity: &str) -> &str {
+    identity.rsplit_once('_').map_or(identity, |(pod, _)| pod)
+}
+
+/// The Leases the stock sidecars elect with for `driver` (csi-lib-utils
+/// names them so; a name's non-alphanumerics become '-'): provisioner,
+/// attacher, resizer, snapshotter.
+pub fn sidecar_lease_names(driver: &str) -> Vec<String> {
+    [
+        "",
+        "external-attacher-leader-",
+        "external-resizer-",
+        "external-snapshotter-leader-",
+    ]
+    .iter()
+    .map(|prefix| {
+        let mut name: String = format!("{prefix}{driver}")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        if name.ends_with('-') {
+            name.push('X');
+        }
+        name
+    })
+    .collect()
+}
+
+/// The election's times, all derived from the Lease's duration.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub lease: Duration,
+    pub renew_every: Duration,
+    pub margin: Duration,
+}
+
+impl Timing {
+    pub fn for_lease(seconds: u64) -> Self {
+        let lease = Duration::from_secs(seconds);
+        Timing {
+            lease,
+            renew_every: lease / 5,
+            margin: lease * 3 / 10,
         }
     }
-    tracing::info!(lease = %name, identity = %me, "holding the leader Lease");
-    crate::rt::metrics::leader(true);
-    let watching = channel.clone();
-    let guard = tokio::spawn(async move {
-        let mut channel = watching;
-        loop {
-            let lost = match channel.changed().await {
-                Ok(()) => !*channel.borrow_and_update(),
-                Err(_) => true,
-            };
-            if lost {
-                tracing::error!(lease = %name, "lost the leader Lease; exiting so that only the new leader acts");
-                std::process::exit(1);
+
+    /// How long a renewal sent now lets this replica write.
+    pub fn bought(&self) -> Duration {
+        self.lease.saturating_sub(self.margin)
+    }
+}
+
+/// The holder, unless the Lease is free.
+fn holder(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+}
+
+fn duration_of(lease: &Lease, default: Duration) -> Duration {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_duration_seconds)
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(default, Duration::from_secs)
+}
+
+/// What a candidate makes of a Lease whose record it has seen unchanged
+/// since `seen_since`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Free, expired, or already ours: take it now.
+    Take,
+    /// Held: look again at the latest at this instant.
+    WaitUntil(Instant),
+}
+
+pub fn judge(
+    lease: &Lease,
+    me: &str,
+    seen_since: Instant,
+    now: Instant,
+    timing: &Timing,
+) -> Verdict {
+    match holder(lease) {
+        None => Verdict::Take,
+        Some(h) if h == me => Verdict::Take,
+        Some(_) => {
+            let expires = seen_since + duration_of(lease, timing.lease);
+            if now >= expires {
+                Verdict::Take
+            } else {
+                Verdict::WaitUntil(expires)
             }
         }
-    });
-    Ok(LeaseHold {
-        channel: Some(channel),
-        task: Some(task),
-        guard,
-    })
+    }
+}
+
+fn now_micro() -> MicroTime {
+    MicroTime(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// `lease` as taken (or renewed) by `me` now.
+fn taken_by(mut lease: Lease, me: &str, timing: &Timing) -> Lease {
+    let now = now_micro();
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(me) {
+        spec.acquire_time = Some(now.clone());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        spec.holder_identity = Some(me.to_string());
+    }
+    spec.renew_time = Some(now);
+    spec.lease_duration_seconds = Some(i32::try_from(timing.lease.as_secs()).unwrap_or(i32::MAX));
+    lease
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
 /// Held while leading; `release` gives the Lease up at shutdown so a
 /// successor need not wait for it to expire.
 pub struct LeaseHold {
-    channel: Option<watch::Receiver<bool>>,
-    task: Option<
-        tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
-    >,
-    /// Ends the process when the Lease is lost; stopped before a release.
-    guard: tokio::task::JoinHandle<()>,
+    keeper: tokio::task::JoinHandle<()>,
+    api: Api<Lease>,
+    name: String,
+    me: String,
+    /// The pod whose relay held the Lease before this one, if another.
+    pub previous_pod: Option<String>,
+}
+
+/// Waits until this replica holds the Lease, opens the fence, and keeps
+/// renewing it; failing to renew in time (or finding another holder) closes
+/// the fence for good and ends the process. Returns once leading.
+pub async fn lead(
+    client: kube::Client,
+    driver_name: &str,
+    pod: &str,
+    namespace: &str,
+    timing: Timing,
+) -> Result<LeaseHold, String> {
+    let name = lease_name(driver_name);
+    let me = identity(pod);
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    crate::rt::metrics::leader(false);
+    tracing::info!(lease = %name, namespace, identity = %me, "waiting to lead");
+    let mut seen: Option<(String, Instant)> = None;
+    let (lease, previous) = loop {
+        let read = tokio::time::timeout(
+            timing.renew_every.max(Duration::from_secs(1)),
+            api.get_opt(&name),
+        )
+        .await;
+        let current = match read {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %name, error = %e, "cannot read the leader Lease; trying again");
+                tokio::time::sleep(timing.renew_every).await;
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(lease = %name, "reading the leader Lease timed out; trying again");
+                continue;
+            }
+        };
+        let Some(current) = current else {
+            let fresh = taken_by(
+                Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(namespace.to_string()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: None,
+                },
+                &me,
+                &timing,
+            );
+            let sent = Instant::now();
+            match api.create(&PostParams::default(), &fresh).await {
+                Ok(made) => {
+                    fence().extend_to(sent + timing.bought());
+                    break (made, None);
+                }
+                Err(e) if is_status(&e, 409) => continue,
+                Err(e) => {
+                    tracing::warn!(lease = %name, error = %e, "cannot create the leader Lease; trying again");
+                    tokio::time::sleep(timing.renew_every).await;
+                    continue;
+                }
+            }
+        };
+        let rv = current
+            .metadata
+            .resource_version
+            .clone()
+            .unwrap_or_default();
+        let now = Instant::now();
+        let since = match &seen {
+            Some((v, at)) if *v == rv => *at,
+            _ => {
+                seen = Some((rv, now));
+                now
+            }
+        };
+        match judge(&current, &me, since, now, &timing) {
+            Verdict::WaitUntil(at) => {
+                tokio::time::sleep_until(at.min(now + timing.renew_every)).await;
+            }
+            Verdict::Take => {
+                let previous = holder(&current).map(|h| holder_pod(h).to_string());
+                let sent = Instant::now();
+                match api
+                    .replace(
+                        &name,
+                        &PostParams::default(),
+                        &taken_by(current, &me, &timing),
+                    )
+                    .await
+                {
+                    Ok(taken) => {
+                        fence().extend_to(sent + timing.bought());
+                        break (taken, previous);
+                    }
+                    // Someone else wrote it first: read it again.
+                    Err(e) if is_status(&e, 409) => continue,
+                    Err(e) => {
+                        tracing::warn!(lease = %name, error = %e, "cannot take the leader Lease; trying again");
+                        tokio::time::sleep(timing.renew_every).await;
+                    }
+                }
+            }
+        }
+    };
+    crate::rt::metrics::leader(true);
+    tracing::info!(lease = %name, identity = %me, previous = ?previous, "holding the leader Lease");
+    let keeper = tokio::spawn(keep(api.clone(), name.clone(), me.clone(), lease, timing));
+    let previous_pod = previous.filter(|p| p != pod);
+    Ok(LeaseHold {
+        keeper,
+        api,
+        name,
+        me,
+        previous_pod,
+    })
+}
+
+/// Renews the Lease every `renew_every`; ends the process once the fence
+/// expires (no renewal in time) or the Lease has another holder.
+async fn keep(api: Api<Lease>, name: String, me: String, mut lease: Lease, timing: Timing) {
+    loop {
+        tokio::select! {
+            biased;
+            () = fence().expired() => step_down_and_exit(&name, "the Lease could not be renewed in time"),
+            () = tokio::time::sleep(timing.renew_every) => {}
+        }
+        let sent = Instant::now();
+        let (params, renewed) = (PostParams::default(), taken_by(lease.clone(), &me, &timing));
+        let renewal = api.replace(&name, &params, &renewed);
+        let answer = tokio::select! {
+            biased;
+            () = fence().expired() => step_down_and_exit(&name, "the Lease could not be renewed in time"),
+            answer = tokio::time::timeout(timing.renew_every, renewal) => answer,
+        };
+        match answer {
+            Ok(Ok(renewed)) => {
+                fence().extend_to(sent + timing.bought());
+                lease = renewed;
+            }
+            Ok(Err(e)) if is_status(&e, 409) || is_status(&e, 404) => {
+                // Changed or gone under us: ours only if it still names us.
+                match api.get_opt(&name).await {
+                    Ok(Some(now)) if holder(&now) == Some(me.as_str()) => lease = now,
+                    Ok(_) => step_down_and_exit(&name, "another replica holds the Lease"),
+                    Err(e) => {
+                        tracing::warn!(lease = %name, error = %e, "cannot read the leader Lease")
+                    }
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lease = %name, error = %e, "cannot renew the leader Lease; trying again")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %name, "renewing the leader Lease timed out; trying again")
+            }
+        }
+    }
+}
+
+fn step_down_and_exit(lease: &str, why: &str) -> ! {
+    fence().step_down();
+    crate::rt::metrics::leader(false);
+    tracing::error!(
+        lease,
+        reason = why,
+        "no longer the leader: every write stopped; exiting so that only the new leader acts"
+    );
+    std::process::exit(1)
 }
 
 impl LeaseHold {
-    pub async fn release(mut self) {
-        // Giving the Lease up is not losing it.
-        self.guard.abort();
-        let _ = (&mut self.guard).await;
-        drop(self.channel.take());
-        if let Some(task) = self.task.take() {
-            match task.await {
-                Ok(Ok(manager)) => {
-                    if let Err(e) = manager.release().await {
-                        tracing::warn!(error = %e, "could not release the leader Lease; it expires on its own");
-                    }
+    /// Stops every write, then frees the Lease (a standby sees it free at
+    /// its next look instead of waiting for it to expire).
+    pub async fn release(self) {
+        self.keeper.abort();
+        let _ = self.keeper.await;
+        fence().step_down();
+        crate::rt::metrics::leader(false);
+        match self.api.get_opt(&self.name).await {
+            Ok(Some(mut lease)) if holder(&lease) == Some(self.me.as_str()) => {
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = None;
+                    spec.renew_time = None;
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "leader Lease manager failed"),
-                Err(e) => tracing::warn!(error = %e, "leader Lease manager panicked"),
+                if let Err(e) = self
+                    .api
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not release the leader Lease; it expires on its own");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "could not release the leader Lease; it expires on its own")
+            }
+        }
+    }
+}
+
+/// Frees the sidecars' Leases that a pod other than `pod` holds. A sidecar
+/// beside a relay that does not lead cannot work (its relay has closed its
+/// socket and the sidecar has exited, or it is cut off or frozen with it),
+/// but client-go makes a newly started candidate wait a whole Lease
+/// duration from the moment it first reads the Lease: freed, the sidecars
+/// of this pod take their Leases at their first try instead. Each write
+/// names the resourceVersion it read, so a Lease renewed meanwhile is left.
+pub async fn hand_over_sidecars(client: kube::Client, namespace: &str, driver: &str, pod: &str) {
+    let api: Api<Lease> = Api::namespaced(client, namespace);
+    for name in sidecar_lease_names(driver) {
+        if !fence().allows() {
+            return;
+        }
+        let lease = match api.get_opt(&name).await {
+            Ok(Some(l)) => l,
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(lease = %name, error = %e, "cannot read a sidecar's Lease");
+                continue;
+            }
+        };
+        let Some(held_by) = holder(&lease).map(str::to_string) else {
+            continue;
+        };
+        if held_by == pod {
+            continue;
+        }
+        let mut freed = lease;
+        if let Some(spec) = freed.spec.as_mut() {
+            spec.holder_identity = None;
+        }
+        match api.replace(&name, &PostParams::default(), &freed).await {
+            Ok(_) => {
+                tracing::info!(lease = %name, held_by = %held_by, "freed a sidecar's Lease held by a pod whose relay does not lead")
+            }
+            Err(e) => {
+                tracing::warn!(lease = %name, error = %e, "cannot free a sidecar's Lease; its sidecar waits for it to expire")
             }
         }
     }
@@ -122,5 +448,95 @@ mod tests {
         assert!(crate::k8s::naming::is_dns_subdomain(&lease_name(
             "relay.csi.dev"
         )));
+    }
+
+    #[test]
+    fn sidecar_leases_are_named_as_csi_lib_utils_names_them() {
+        assert_eq!(
+            sidecar_lease_names("relay.csi.dev"),
+            [
+                "relay-csi-dev",
+                "external-attacher-leader-relay-csi-dev",
+                "external-resizer-relay-csi-dev",
+                "external-snapshotter-leader-relay-csi-dev"
+            ]
+        );
+        assert_eq!(sidecar_lease_names("a.b_")[0], "a-b-X");
+    }
+
+    #[test]
+    fn identities_name_the_pod() {
+        let me = identity("csi-relay-controller-7d9-abc");
+        assert_eq!(holder_pod(&me), "csi-relay-controller-7d9-abc");
+        assert_eq!(holder_pod("plain"), "plain");
+    }
+
+    fn lease(holder: Option<&str>, seconds: i32) -> Lease {
+        Lease {
+            metadata: ObjectMeta::default(),
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                lease_duration_seconds: Some(seconds),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_lease_is_taken_only_a_whole_duration_after_its_record_was_seen() {
+        let t = Timing::for_lease(10);
+        let seen = Instant::now();
+        let held = lease(Some("other_1"), 10);
+        assert_eq!(
+            judge(&held, "me_2", seen, seen + Duration::from_secs(9), &t),
+            Verdict::WaitUntil(seen + Duration::from_secs(10))
+        );
+        assert_eq!(
+            judge(&held, "me_2", seen, seen + Duration::from_secs(10), &t),
+            Verdict::Take
+        );
+        // Its own duration rules, not ours.
+        let long = lease(Some("other_1"), 30);
+        assert!(matches!(
+            judge(&long, "me_2", seen, seen + Duration::from_secs(20), &t),
+            Verdict::WaitUntil(_)
+        ));
+        // Free or ours: at once.
+        assert_eq!(
+            judge(&lease(None, 10), "me_2", seen, seen, &t),
+            Verdict::Take
+        );
+        assert_eq!(
+            judge(&lease(Some(""), 10), "me_2", seen, seen, &t),
+            Verdict::Take
+        );
+        assert_eq!(
+            judge(&lease(Some("me_2"), 10), "me_2", seen, seen, &t),
+            Verdict::Take
+        );
+    }
+
+    #[test]
+    fn a_renewal_stops_writes_a_margin_before_anyone_may_take_over() {
+        let t = Timing::for_lease(10);
+        assert_eq!(t.renew_every, Duration::from_secs(2));
+        assert_eq!(t.bought(), Duration::from_secs(7));
+        // Three renewals may fail before the fence closes.
+        assert!(t.bought() > t.renew_every * 3);
+        assert!(t.lease - t.bought() >= Duration::from_secs(3));
+    }
+
+    #[test]
+    fn taking_counts_a_transition_and_renewing_does_not() {
+        let t = Timing::for_lease(10);
+        let taken = taken_by(lease(Some("other_1"), 10), "me_2", &t);
+        let spec = taken.spec.clone().unwrap_or_default();
+        assert_eq!(spec.holder_identity.as_deref(), Some("me_2"));
+        assert_eq!(spec.lease_transitions, Some(1));
+        assert!(spec.acquire_time.is_some() && spec.renew_time.is_some());
+        let renewed = taken_by(taken, "me_2", &t);
+        let again = renewed.spec.unwrap_or_default();
+        assert_eq!(again.lease_transitions, Some(1));
+        assert_eq!(again.acquire_time, spec.acquire_time);
     }
 }

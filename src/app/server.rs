@@ -123,6 +123,12 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
     }
     std::fs::create_dir_all(&args.state_dir)
         .map_err(io("create state directory", &args.state_dir))?;
+    if args.leader_election && args.mode.controller() && args.backend == BackendKind::Member {
+        // Replicas take turns: another may have led since this store was
+        // written, so what it holds may be stale. Everything acknowledged is
+        // in the host's RelayVolumes, which a replica reads when it leads.
+        Store::discard(&args.state_dir).map_err(io("discard the store in", &args.state_dir))?;
+    }
     let store = Store::open(&args.state_dir)?;
     let (backend, host): (Arc<dyn Backend>, Option<Cluster>) = match args.backend {
         BackendKind::Local => {
@@ -393,10 +399,81 @@ async fn start_controller_background(
     Ok(())
 }
 
+/// A bound endpoint, served until the stop signal; a unix socket's file is
+/// removed when serving ends.
+enum Listener {
+    Unix(std::path::PathBuf, tokio::net::UnixListener),
+    Tcp(tokio::net::TcpListener),
+}
+
+impl Listener {
+    async fn bind(endpoint: &Endpoint) -> Result<Self, StartError> {
+        match endpoint {
+            Endpoint::Unix(path) => {
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(io("create socket directory", parent))?;
+                }
+                // A socket left by a killed predecessor would make bind fail.
+                match std::fs::remove_file(path) {
+                    Ok(()) => tracing::info!(socket = %path.display(), "removed stale socket"),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io("remove stale socket", path)(e)),
+                }
+                let listener =
+                    tokio::net::UnixListener::bind(path).map_err(io("listen on", path))?;
+                Ok(Listener::Unix(path.clone(), listener))
+            }
+            Endpoint::Tcp(addr) => tokio::net::TcpListener::bind(addr)
+                .await
+                .map(Listener::Tcp)
+                .map_err(|source| StartError::Io {
+                    what: "listen on",
+                    path: addr.to_string(),
+                    source,
+                }),
+        }
+    }
+
+    async fn serve(
+        self,
+        router: tonic::transport::server::Router,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), StartError> {
+        match self {
+            Listener::Unix(path, listener) => {
+                let result = until_shutdown(
+                    stop,
+                    router.serve_with_incoming_shutdown(
+                        UnixListenerStream::new(listener).map(|conn| {
+                            conn.map(crate::grpc::authority_filter::AuthorityFilter::new)
+                        }),
+                        stopping(stop),
+                    ),
+                )
+                .await;
+                let _ = std::fs::remove_file(&path);
+                Ok(result?)
+            }
+            Listener::Tcp(listener) => Ok(until_shutdown(
+                stop,
+                router
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopping(stop)),
+            )
+            .await?),
+        }
+    }
+}
+
 /// Serves until a shutdown signal arrives.
 pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
+    let election = args.leader_election && args.mode.controller();
+    if election {
+        // Before any client exists: nothing is written until this replica
+        // leads (see `rt::fence`).
+        crate::rt::fence::fence().require_lease();
+    }
     let (driver, mut work) = build_parts(&args).await?;
-    let election = args.leader_election && driver.config.mode.controller();
     if election {
         driver
             .leading
@@ -478,19 +555,21 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         let _ = stop_tx.send(true);
     });
     let lease: Arc<tokio::sync::Mutex<Option<crate::app::leader::LeaseHold>>> = Arc::default();
+    // With an election, --endpoint opens only once this replica leads.
+    let (led_tx, mut led) = tokio::sync::watch::channel(!election);
     if election {
-        let client = connect_host(args.host_kubeconfig.as_deref())
+        let client = crate::k8s::connect::connect_host_for_lease(args.host_kubeconfig.as_deref())
             .await
-            .map_err(StartError::Config)?
-            .client();
+            .map_err(StartError::Config)?;
         let (d, args, stop, lease) = (driver.clone(), args.clone(), stop.clone(), lease.clone());
         tokio::spawn(async move {
+            let pod = crate::app::leader::pod_name(&d.config.node_id);
             let led = crate::app::leader::lead(
-                client,
+                client.clone(),
                 &d.config.driver_name,
-                &d.config.node_id,
+                &pod,
                 &args.leader_election_namespace,
-                args.leader_election_lease_seconds,
+                crate::app::leader::Timing::for_lease(args.leader_election_lease_seconds),
             )
             .await;
             let started = async {
@@ -501,60 +580,63 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
                 crate::ops::housekeeping::settle_premade(&d).await?;
                 crate::ops::housekeeping::promote_created(&d).await?;
                 start_controller_background(&args, &d, &stop).await?;
+                crate::app::leader::hand_over_sidecars(
+                    client,
+                    &args.leader_election_namespace,
+                    &d.config.driver_name,
+                    &pod,
+                )
+                .await;
                 d.leading.store(true, std::sync::atomic::Ordering::Release);
+                let _ = led_tx.send(true);
                 tracing::info!("leading: controller calls are served");
                 Ok::<(), StartError>(())
             };
             if let Err(e) = started.await {
                 tracing::error!(error = %e, "cannot take up the controller's work; exiting");
+                crate::rt::fence::fence().step_down();
                 std::process::exit(1);
             }
         });
     } else {
         start_controller_background(&args, &driver, &stop).await?;
     }
-    match &args.endpoint {
-        Endpoint::Unix(path) => {
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(io("create socket directory", parent))?;
-            }
-            // A socket left by a killed predecessor would make bind fail.
-            match std::fs::remove_file(path) {
-                Ok(()) => tracing::info!(socket = %path.display(), "removed stale socket"),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("remove stale socket", path)(e)),
-            }
-            let listener = tokio::net::UnixListener::bind(path).map_err(io("listen on", path))?;
-            let result = until_shutdown(
-                &stop,
-                router.serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener)
-                        .map(|conn| conn.map(crate::grpc::authority_filter::AuthorityFilter::new)),
-                    stopping(&stop),
-                ),
-            )
-            .await;
-            let _ = std::fs::remove_file(path);
-            result?;
+    let probe = match &args.probe_endpoint {
+        Some(endpoint) => {
+            let listener = Listener::bind(endpoint).await?;
+            let router = Server::builder()
+                .add_service(IdentityServer::new(IdentityService::new(driver.clone())));
+            let stop = stop.clone();
+            Some(tokio::spawn(
+                async move { listener.serve(router, &stop).await },
+            ))
         }
-        Endpoint::Tcp(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::Io {
-                    what: "listen on",
-                    path: addr.to_string(),
-                    source,
-                })?;
-            until_shutdown(
-                &stop,
-                router.serve_with_incoming_shutdown(
-                    TcpListenerStream::new(listener),
-                    stopping(&stop),
-                ),
-            )
-            .await?;
+        None => None,
+    };
+    let serving = async {
+        let mut stop = stop.clone();
+        tokio::select! {
+            leading = led.wait_for(|l| *l) => {
+                if leading.is_err() {
+                    return Ok(());
+                }
+            }
+            _ = stop.wait_for(|s| *s) => return Ok(()),
+        }
+        Listener::bind(&args.endpoint)
+            .await?
+            .serve(router, &stop)
+            .await
+    };
+    let result = serving.await;
+    if let Some(probe) = probe {
+        match probe.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "the probe endpoint failed"),
+            Err(e) => tracing::warn!(error = %e, "the probe endpoint's task failed"),
+            Ok(Ok(())) => {}
         }
     }
+    result?;
     // Everything into redb itself: the next start replays no log.
     if let Err(e) = driver.store.checkpoint() {
         tracing::error!(error = %e, "cannot make the last store changes durable");

@@ -41,12 +41,29 @@ fn bounded(mut config: kube::Config) -> kube::Config {
     config.reset_reader_on_write = true;
     // The API servers' audit logs and request metrics name their callers by
     // it: an operator can tell the relay's requests from the sidecars'
-    // (kube sends none of its own).
-    config.headers.push((
-        http::header::USER_AGENT,
-        http::HeaderValue::from_static(USER_AGENT),
-    ));
+    // (kube sends none of its own), and one replica's from another's.
     config
+        .headers
+        .push((http::header::USER_AGENT, user_agent()));
+    config
+}
+
+/// The pod this process runs in: `POD_NAME`, else `HOSTNAME` (a pod's
+/// hostname is its name, and the identity the sidecars elect with).
+pub fn pod_name() -> Option<String> {
+    ["POD_NAME", "HOSTNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+}
+
+/// `csi-relay/VERSION (POD_PID)`, as the leader Lease names this process.
+fn user_agent() -> http::HeaderValue {
+    let me = format!(
+        "{USER_AGENT} ({}_{})",
+        pod_name().unwrap_or_default(),
+        std::process::id()
+    );
+    http::HeaderValue::from_str(&me).unwrap_or(http::HeaderValue::from_static(USER_AGENT))
 }
 
 /// What every request of the relay says it comes from.
@@ -87,11 +104,33 @@ pub async fn connect_host_for_watches(path: Option<&Path>) -> Result<kube::Clien
     };
     let mut config = bounded(config);
     config.read_timeout = Some(WATCH_READ_TIMEOUT);
-    kube::Client::try_from(config).map_err(|e| format!("host cluster (watches): {e}"))
+    fenced(config, "host cluster (watches)")
 }
 
 fn client(config: kube::Config, what: &str) -> Result<kube::Client, String> {
-    kube::Client::try_from(bounded(config)).map_err(|e| format!("{what}: {e}"))
+    fenced(bounded(config), what)
+}
+
+/// Every client of the process writes only through the write fence (see
+/// `rt::fence`): with `--leader-election`, only while its Lease is fresh.
+fn fenced(config: kube::Config, what: &str) -> Result<kube::Client, String> {
+    let builder =
+        kube::client::ClientBuilder::try_from(config).map_err(|e| format!("{what}: {e}"))?;
+    Ok(builder
+        .with_layer(&crate::rt::fence::FenceLayer::new(crate::rt::fence::fence()))
+        .build())
+}
+
+/// A host client outside the fence, for the leader Lease itself: renewing
+/// it is what opens the fence.
+pub async fn connect_host_for_lease(path: Option<&Path>) -> Result<kube::Client, String> {
+    let config = match path {
+        Some(p) => from_kubeconfig(p).await?,
+        None => kube::Config::incluster().map_err(|e| {
+            format!("no --host-kubeconfig given and no in-cluster configuration: {e}")
+        })?,
+    };
+    kube::Client::try_from(bounded(config)).map_err(|e| format!("host cluster (Lease): {e}"))
 }
 
 /// A client for member cluster `arg.name`.
@@ -102,7 +141,7 @@ pub async fn connect_member_for_watches(arg: &MemberArg) -> Result<kube::Client,
         .map_err(|e| format!("member {}: {e}", arg.name))?;
     let mut config = bounded(config);
     config.read_timeout = Some(WATCH_READ_TIMEOUT);
-    kube::Client::try_from(config).map_err(|e| format!("member {} (watches): {e}", arg.name))
+    fenced(config, &format!("member {} (watches)", arg.name))
 }
 
 pub async fn connect_member(arg: &MemberArg) -> Result<Cluster, String> {
@@ -137,7 +176,11 @@ mod tests {
             .filter(|(name, _)| name == http::header::USER_AGENT)
             .map(|(_, value)| value.to_str().unwrap_or_default().to_string())
             .collect();
-        assert_eq!(agents, [format!("csi-relay/{}", env!("CARGO_PKG_VERSION"))]);
+        assert_eq!(agents.len(), 1);
+        let prefix = format!("csi-relay/{} (", env!("CARGO_PKG_VERSION"));
+        assert!(agents[0].starts_with(&prefix), "{agents:?}");
+        let pid = format!("_{})", std::process::id());
+        assert!(agents[0].ends_with(&pid), "{agents:?}");
     }
 
     #[test]

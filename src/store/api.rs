@@ -54,6 +54,22 @@ pub struct Store {
 }
 
 impl Store {
+    /// Removes the store in `dir` (its database and its log), so the next
+    /// [`Store::open`] starts empty.
+    pub fn discard(dir: &Path) -> std::io::Result<()> {
+        for file in ["state.redb", "state.wal"] {
+            match std::fs::remove_file(dir.join(file)) {
+                Ok(()) => tracing::info!(
+                    file,
+                    "discarded the store: records come from the host cluster"
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     pub fn open(dir: &Path) -> StoreResult<Self> {
         // A newer build's store is read before it is opened for writing
         // (which marks the file): what a newer build wrote stays as it was.

@@ -69,6 +69,66 @@ impl Driver {
         Self::start_in(dir, state_dir, socket, args).await
     }
 
+    /// A controller that may stand by (`--leader-election`): its
+    /// `--probe-endpoint` (`probe.sock`) answers from the start, `csi.sock`
+    /// only once it leads. The handle's channel is the probe socket's; see
+    /// [`Driver::serving`].
+    pub async fn start_standby(node_id: &str, extra: &[&str]) -> Driver {
+        let dir = test_dir();
+        let state_dir = dir.path().join("state");
+        let socket = dir.path().join("csi.sock");
+        let probe = dir.path().join("probe.sock");
+        let mut args: Vec<String> = vec![
+            "--node-id".into(),
+            node_id.into(),
+            "--probe-endpoint".into(),
+            format!("unix://{}", probe.display()),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = spawn(&socket, &state_dir, &args);
+        let channel = connect(&probe).await;
+        Driver {
+            dir,
+            state_dir,
+            socket,
+            extra_args: args,
+            child: Some(child),
+            channel,
+        }
+    }
+
+    /// A channel to the driver's CSI socket once it answers Probe ready.
+    pub async fn serving(&self) -> Channel {
+        connect(&self.socket).await
+    }
+
+    /// SIGSTOP or SIGCONT to the process: a frozen node, then a healed one.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(child) = &self.child {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            nix::sys::signal::kill(pid, signal).expect("signal the driver");
+        }
+    }
+
+    /// Waits up to `within` for the process to end by itself.
+    pub async fn exited_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = status {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// A handle on a driver process the test started (and stops) itself.
     pub fn attach(
         dir: tempfile::TempDir,

@@ -92,6 +92,63 @@ impl AuditLogs {
     }
 }
 
+/// One write an API server received.
+#[derive(Debug)]
+pub struct Write {
+    pub cluster: &'static str,
+    /// "create persistentvolumeclaims x", "update leases y"...
+    pub what: String,
+    pub received: k8s_openapi::jiff::Timestamp,
+    pub code: i64,
+}
+
+impl AuditLogs {
+    /// The writes (every verb but get, list, watch) received since `mark`
+    /// whose user agent contains `agent`.
+    pub fn writes_since(&self, mark: &Mark, agent: &str) -> Vec<Write> {
+        let mut out = Vec::new();
+        for ((cluster, path), (_, from)) in self.logs.iter().zip(&mark.0) {
+            let mut text = String::new();
+            let read = std::fs::File::open(path).and_then(|mut f| {
+                f.seek(SeekFrom::Start(*from))?;
+                f.read_to_string(&mut text)
+            });
+            if let Err(e) = read {
+                panic!("read {}: {e}", path.display());
+            }
+            for line in text.lines() {
+                let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                    continue;
+                };
+                let verb = event["verb"].as_str().unwrap_or("?");
+                if matches!(verb, "get" | "list" | "watch")
+                    || !event["userAgent"].as_str().unwrap_or("").contains(agent)
+                {
+                    continue;
+                }
+                let Some(received) = event["requestReceivedTimestamp"]
+                    .as_str()
+                    .and_then(|t| t.parse().ok())
+                else {
+                    continue;
+                };
+                let object = &event["objectRef"];
+                out.push(Write {
+                    cluster,
+                    what: format!(
+                        "{verb} {} {}",
+                        object["resource"].as_str().unwrap_or("-"),
+                        object["name"].as_str().unwrap_or("-")
+                    ),
+                    received,
+                    code: event["responseStatus"]["code"].as_i64().unwrap_or(0),
+                });
+            }
+        }
+        out
+    }
+}
+
 /// "host get relayvolumes 1.00, member create persistentvolumeclaims 1.00,
 /// ... (total 4.00)": counts divided by `per`.
 pub fn per_unit(counts: &BTreeMap<String, u64>, per: usize) -> String {
