@@ -395,14 +395,50 @@ impl LeaseHold {
     }
 }
 
-/// Frees the sidecars' Leases that a pod other than `pod` holds. A sidecar
-/// beside a relay that does not lead cannot work (its relay has closed its
-/// socket and the sidecar has exited, or it is cut off or frozen with it),
-/// but client-go makes a newly started candidate wait a whole Lease
-/// duration from the moment it first reads the Lease: freed, the sidecars
-/// of this pod take their Leases at their first try instead. Each write
-/// names the resourceVersion it read, so a Lease renewed meanwhile is left.
+/// What the leading relay does to a sidecar's Lease held elsewhere.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Nothing: free, or held by this pod already.
+    Leave,
+    /// Clear the holder: the provisioner elects under an identity of its
+    /// own making, which the relay cannot name; freed, it is taken at the
+    /// first try of whichever provisioner asks, and only this pod's can ask
+    /// (the others wait in their Probe loop).
+    Free,
+    /// Name this pod as the holder: csi-lib-utils elects under the pod's
+    /// name, so this pod's sidecar takes the record for its own and renews
+    /// it at its next try, while the other pod's sidecar, finding another
+    /// holder, stops leading and exits.
+    Claim,
+}
+
+pub fn handover(lease_name: &str, holder: Option<&str>, driver: &str, pod: &str) -> Handover {
+    let Some(holder) = holder.filter(|h| !h.is_empty()) else {
+        return Handover::Leave;
+    };
+    if holder == pod {
+        return Handover::Leave;
+    }
+    if sidecar_lease_names(driver).first().map(String::as_str) == Some(lease_name) {
+        Handover::Free
+    } else {
+        Handover::Claim
+    }
+}
+
+/// Puts the sidecars' Leases where this relay leads: see [`Handover`]. At
+/// the start of leading every sidecar Lease is handled (no sidecar of this
+/// pod is past its Probe loop yet); afterwards (`all` false) only those
+/// claimed by pod name, since a provisioner's Lease cannot be told apart
+/// from this pod's own. A sidecar that elects itself without a Probe loop
+/// (external-resizer) can lead in a standby pod, which refuses its calls:
+/// it is moved here within one look. Each write names the resourceVersion
+/// it read.
 pub async fn hand_over_sidecars(client: kube::Client, namespace: &str, driver: &str, pod: &str) {
+    hand_over(client, namespace, driver, pod, true).await
+}
+
+async fn hand_over(client: kube::Client, namespace: &str, driver: &str, pod: &str, all: bool) {
     let api: Api<Lease> = Api::namespaced(client, namespace);
     for name in sidecar_lease_names(driver) {
         if !fence().allows() {
@@ -416,26 +452,51 @@ pub async fn hand_over_sidecars(client: kube::Client, namespace: &str, driver: &
                 continue;
             }
         };
-        let Some(held_by) = holder(&lease).map(str::to_string) else {
-            continue;
-        };
-        if held_by == pod {
-            continue;
+        let held_by = holder(&lease).map(str::to_string);
+        let action = handover(&name, held_by.as_deref(), driver, pod);
+        let mut moved = lease;
+        let spec = moved.spec.get_or_insert_with(LeaseSpec::default);
+        match action {
+            Handover::Leave => continue,
+            Handover::Free if !all => continue,
+            Handover::Free => spec.holder_identity = None,
+            Handover::Claim => {
+                let now = now_micro();
+                spec.holder_identity = Some(pod.to_string());
+                spec.acquire_time = Some(now.clone());
+                spec.renew_time = Some(now);
+                spec.lease_transitions =
+                    Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            }
         }
-        let mut freed = lease;
-        if let Some(spec) = freed.spec.as_mut() {
-            spec.holder_identity = None;
-        }
-        match api.replace(&name, &PostParams::default(), &freed).await {
+        match api.replace(&name, &PostParams::default(), &moved).await {
             Ok(_) => {
-                tracing::info!(lease = %name, held_by = %held_by, "freed a sidecar's Lease held by a pod whose relay does not lead")
+                tracing::info!(lease = %name, held_by = ?held_by, action = ?action, "moved a sidecar's Lease to the leading replica's pod")
             }
             Err(e) => {
-                tracing::warn!(lease = %name, error = %e, "cannot free a sidecar's Lease; its sidecar waits for it to expire")
+                tracing::warn!(lease = %name, error = %e, "cannot move a sidecar's Lease; its sidecar waits for it to expire")
             }
         }
     }
 }
+
+/// While leading, looks at the sidecars' Leases every few seconds (see
+/// [`hand_over_sidecars`]).
+pub fn keep_sidecars_here(client: kube::Client, namespace: String, driver: String, pod: String) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(SIDECAR_LOOK).await;
+            if fence().stepped_down() {
+                return;
+            }
+            hand_over(client.clone(), &namespace, &driver, &pod, false).await;
+        }
+    });
+}
+
+/// How often the leader looks at the sidecars' Leases: a resizer leading in
+/// the wrong pod costs at most this plus its own retry period.
+const SIDECAR_LOOK: Duration = Duration::from_secs(3);
 
 #[cfg(test)]
 mod tests {
@@ -462,6 +523,29 @@ mod tests {
             ]
         );
         assert_eq!(sidecar_lease_names("a.b_")[0], "a-b-X");
+    }
+
+    #[test]
+    fn sidecar_leases_held_elsewhere_are_freed_or_claimed() {
+        let d = "relay.csi.dev";
+        let pod = "ctl-a";
+        // The provisioner elects under an identity of its own: freed.
+        assert_eq!(
+            handover(
+                "relay-csi-dev",
+                Some("1795845410536-5067-relay-csi-dev"),
+                d,
+                pod
+            ),
+            Handover::Free
+        );
+        // The others elect by pod name: claimed for this pod.
+        for lease in &sidecar_lease_names(d)[1..] {
+            assert_eq!(handover(lease, Some("ctl-b"), d, pod), Handover::Claim);
+            assert_eq!(handover(lease, Some(pod), d, pod), Handover::Leave);
+            assert_eq!(handover(lease, None, d, pod), Handover::Leave);
+            assert_eq!(handover(lease, Some(""), d, pod), Handover::Leave);
+        }
     }
 
     #[test]

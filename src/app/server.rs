@@ -555,8 +555,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         let _ = stop_tx.send(true);
     });
     let lease: Arc<tokio::sync::Mutex<Option<crate::app::leader::LeaseHold>>> = Arc::default();
-    // With an election, --endpoint opens only once this replica leads.
-    let (led_tx, mut led) = tokio::sync::watch::channel(!election);
     if election {
         let client = crate::k8s::connect::connect_host_for_lease(args.host_kubeconfig.as_deref())
             .await
@@ -581,15 +579,20 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
                 crate::ops::housekeeping::promote_created(&d).await?;
                 start_controller_background(&args, &d, &stop).await?;
                 crate::app::leader::hand_over_sidecars(
-                    client,
+                    client.clone(),
                     &args.leader_election_namespace,
                     &d.config.driver_name,
                     &pod,
                 )
                 .await;
                 d.leading.store(true, std::sync::atomic::Ordering::Release);
-                let _ = led_tx.send(true);
                 tracing::info!("leading: controller calls are served");
+                crate::app::leader::keep_sidecars_here(
+                    client,
+                    args.leader_election_namespace.clone(),
+                    d.config.driver_name.clone(),
+                    pod,
+                );
                 Ok::<(), StartError>(())
             };
             if let Err(e) = started.await {
@@ -604,8 +607,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
     let probe = match &args.probe_endpoint {
         Some(endpoint) => {
             let listener = Listener::bind(endpoint).await?;
-            let router = Server::builder()
-                .add_service(IdentityServer::new(IdentityService::new(driver.clone())));
+            let router = Server::builder().add_service(IdentityServer::new(
+                IdentityService::for_liveness(driver.clone()),
+            ));
             let stop = stop.clone();
             Some(tokio::spawn(
                 async move { listener.serve(router, &stop).await },
@@ -613,22 +617,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), StartError> {
         }
         None => None,
     };
-    let serving = async {
-        let mut stop = stop.clone();
-        tokio::select! {
-            leading = led.wait_for(|l| *l) => {
-                if leading.is_err() {
-                    return Ok(());
-                }
-            }
-            _ = stop.wait_for(|s| *s) => return Ok(()),
-        }
-        Listener::bind(&args.endpoint)
-            .await?
-            .serve(router, &stop)
-            .await
+    let result = match Listener::bind(&args.endpoint).await {
+        Ok(listener) => listener.serve(router, &stop).await,
+        Err(e) => Err(e),
     };
-    let result = serving.await;
     if let Some(probe) = probe {
         match probe.await {
             Ok(Err(e)) => tracing::warn!(error = %e, "the probe endpoint failed"),

@@ -9,11 +9,24 @@ use crate::ops::driver::Driver;
 
 pub struct IdentityService {
     driver: Driver,
+    liveness: bool,
 }
 
 impl IdentityService {
     pub fn new(driver: Driver) -> Self {
-        IdentityService { driver }
+        IdentityService {
+            driver,
+            liveness: false,
+        }
+    }
+
+    /// The Identity service of `--probe-endpoint`: its Probe says whether
+    /// the process is healthy, leading or not, for the liveness probe.
+    pub fn for_liveness(driver: Driver) -> Self {
+        IdentityService {
+            driver,
+            liveness: true,
+        }
     }
 }
 
@@ -85,7 +98,16 @@ impl Identity for IdentityService {
                 ))
             })?;
             // Serving, but not ready until the node's reconciliation is done.
-            let ready = self.driver.require_node_ready().is_ok();
+            // A controller replica that stands by is not ready either: the
+            // stock sidecars wait in their Probe loop before they elect
+            // themselves, so only the leader's sidecars lead (see
+            // docs/operations.md, "Two controller replicas").
+            let ready = self.driver.require_node_ready().is_ok()
+                && (self.liveness
+                    || self
+                        .driver
+                        .leading
+                        .load(std::sync::atomic::Ordering::Acquire));
             Ok(csi::ProbeResponse { ready: Some(ready) })
         })
         .await

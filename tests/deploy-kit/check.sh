@@ -33,7 +33,9 @@ for p in 9809 9808; do
   addrs=$(ss -Hltn "sport = :$p" | awk '{print $4}' | sort -u | tr '\n' ' ')
   [[ $addrs == "127.0.0.1:$p " ]] || die "port $p listens on: $addrs"
 done
-pass "livenessprobe /healthz ok on 127.0.0.1:9809 (node) and 127.0.0.1:9808 (controller), bound to 127.0.0.1 only"
+# Node 2's controller replica (a standby, or the leader): its liveness port on node 2's loopback.
+[[ "$(in2 curl -sf --max-time 5 "http://127.0.0.1:9808/healthz")" == ok ]] || die "node 2: http://127.0.0.1:9808/healthz"
+pass "livenessprobe /healthz ok on 127.0.0.1:9809 (node) and 127.0.0.1:9808 (controller, on both nodes), bound to 127.0.0.1 only"
 
 # ---------- 1b. Pod Security: the controller's namespace enforces "restricted" ----------
 [[ "$(kh get ns csi-relay -o jsonpath='{.metadata.labels.pod-security\.kubernetes\.io/enforce}')" == restricted ]] \

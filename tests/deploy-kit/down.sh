@@ -38,7 +38,22 @@ if api_up; then
   fi
 fi
 
-# ---------- 3. kubelet node + scheduler ----------
+# ---------- 3. kubelet nodes + scheduler ----------
+if [[ -d $LAB2/state || -d $LAB2/pids ]]; then
+  # A node frozen by a test that failed midway is thawed first, or it could not be stopped.
+  for f in "$LAB2"/pids/*.pid; do [[ -s $f ]] && kill -CONT "$(cat "$f")" 2>/dev/null; done
+  [[ -s $RUN/frozen.pids ]] && xargs -r kill -CONT < "$RUN/frozen.pids" 2>/dev/null
+  if api_up; then "$KL/kubelet-node-down.sh" "$LAB2" "$HKC" "$NODE2" > "$RUN/logs/kubelet-node2-down.log" 2>&1 || rc=1
+  else "$KL/kubelet-node-down.sh" "$LAB2" > "$RUN/logs/kubelet-node2-down.log" 2>&1 || rc=1; fi
+  ts "kubelet node 2 down ($(tail -1 "$RUN/logs/kubelet-node2-down.log"))"
+fi
+if [[ -n "$(mounts_under "$LAB2")" ]]; then
+  for mp in $(mounts_under "$LAB2"); do
+    [[ $mp == "$LAB2" ]] || echo "warning: left mounted by node-down: $mp"
+    umount "$mp" 2>/dev/null || umount -l "$mp" || rc=1
+  done
+fi
+[[ -e /run/netns/$NETNS2 ]] && { ip netns delete "$NETNS2" || rc=1; }
 if [[ -d $LAB/state || -d $LAB/pids ]]; then
   if api_up; then "$KL/kubelet-node-down.sh" "$LAB" "$HKC" "$NODE" > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1
   else "$KL/kubelet-node-down.sh" "$LAB" > "$RUN/logs/kubelet-node-down.log" 2>&1 || rc=1; fi
@@ -62,14 +77,16 @@ done
 ts "control planes down"
 
 # ---------- 5. nothing left ----------
-left=$(mounts_under "$RUN"; [[ -e $CTRD_STATE ]] && mounts_under "$CTRD_STATE")
+left=$(mounts_under "$RUN"; [[ -e $CTRD_STATE ]] && mounts_under "$CTRD_STATE"; [[ -e $CTRD_STATE2 ]] && mounts_under "$CTRD_STATE2")
 [[ -n $left ]] && { echo "LEFT: mounts:"; echo "$left"; rc=1; }
 loops=$(losetup -a 2>/dev/null | grep -F "$RUN" || true)
 [[ -n $loops ]] && { echo "LEFT: loop devices:"; echo "$loops"; rc=1; }
 [[ -e $CTRD_STATE ]] && { echo "LEFT: $CTRD_STATE"; rc=1; }
-procs=$(ps -eo pid=,args= | grep -E -- "$LAB|$CTRD_STATE|run/$HOST[/.]|run/$MEMBER[/.]|--secure-port=($HOST_PORT|$((HOST_PORT+3))|$MEMBER_PORT|$((MEMBER_PORT+3))|$SCHED_PORT)( |$)" | grep -v grep || true)
+[[ -e $CTRD_STATE2 ]] && { echo "LEFT: $CTRD_STATE2"; rc=1; }
+[[ -e /run/netns/$NETNS2 ]] && { echo "LEFT: network namespace $NETNS2"; rc=1; }
+procs=$(ps -eo pid=,args= | grep -E -- "$LAB|$CTRD_STATE|$CTRD_STATE2|run/$HOST[/.]|run/$MEMBER[/.]|--secure-port=($HOST_PORT|$((HOST_PORT+3))|$MEMBER_PORT|$((MEMBER_PORT+3))|$SCHED_PORT)( |$)" | grep -v grep || true)
 [[ -n $procs ]] && { echo "LEFT: processes:"; echo "$procs"; rc=1; }
-for p in $HOST_PORT $((HOST_PORT+1)) $MEMBER_PORT $((MEMBER_PORT+1)) $SCHED_PORT $KL_PORT 9808 9809; do
+for p in $HOST_PORT $((HOST_PORT+1)) $MEMBER_PORT $((MEMBER_PORT+1)) $SCHED_PORT $KL_PORT $KL_PORT2 9808 9809; do
   ss -Hltn "sport = :$p" | grep -q . && { echo "LEFT: port $p listening"; rc=1; }
 done
 rm -rf -- "$RUN/node-state" "$RUN/member-disk" "$RUN/kustomize" "$RUN"/csi-relay-0.1.0.tar

@@ -14,6 +14,16 @@ SCHED_PORT=${KIT_SCHED_PORT:-19467}
 NODE=${KIT_NODE:-kit-node-1}
 KL_PORT=${KIT_KUBELET_PORT:-10370}          # kubelet https; +1 healthz
 CTRD_STATE=${KIT_CTRD_STATE:-/run/deploykit-containerd}
+# The second host node, for the controller's second replica: a kubelet with its own containerd in
+# a network namespace of its own (NETNS2), so its 127.0.0.1 is its own (the controller pod's
+# liveness port 9808 there, as on node 1) and it can be frozen or lost alone. A forwarder gives it
+# the two API servers on its loopback and the API server its kubelet port on the machine's.
+# Tainted controller-only: no node plugin, no user pod.
+NODE2=${KIT_NODE2:-kit-node-2}
+KL_PORT2=${KIT_KUBELET_PORT2:-10372}        # kubelet https in NETNS2 and on 127.0.0.1 here; +1 healthz
+CTRD_STATE2=${KIT_CTRD_STATE2:-/run/deploykit-containerd-2}
+NETNS2=${KIT_NETNS2:-deploykit-node2}
+CONTROLLER_ONLY=kit.relay.csi.dev/controller-only
 MEMBER_NODE=member-node-1                   # the member node the host node stands for
 MEMBER_NAME=member1                         # deploy/'s member name (--member member1=...)
 CLASS=relay-member1                         # deploy/storageclass.yaml (WaitForFirstConsumer)
@@ -22,11 +32,13 @@ HKC=$E2E_HOME/run/$HOST.kubeconfig
 MKC=$E2E_HOME/run/$MEMBER.kubeconfig
 LAB=$RUN/lab                                # kubelet-node-up.sh LAB_DIR
 KUBELET_DIR=$LAB/kubelet                    # the kubelet's --root-dir: the kit's kubeletDir
+LAB2=$RUN/lab2                              # node 2's LAB_DIR
 USER_NS=kit-user
 # The e2e suite's busybox, as $E2E_HOME/images/images.txt names it.
 BUSYBOX_IMAGE=$(awk '$1 ~ /e2e-test-images\/busybox:1\.36\.1-1$/ {print $1; exit}' "$E2E_HOME/images/images.txt" 2>/dev/null)
 kh() { kubectl --kubeconfig "$HKC" "$@"; }
 km() { kubectl --kubeconfig "$MKC" "$@"; }
+in2() { nsenter --net="/run/netns/$NETNS2" -- "$@"; }   # a command on node 2's network
 T_START=${T_START:-$(date +%s.%N)}
 ts() { printf '[%6.1fs] %s\n' "$(awk -v a="$T_START" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" "$*"; }
 die() { echo "FAIL: $*" >&2; exit 1; }

@@ -28,10 +28,12 @@ ts "up.sh $RUN"
 for c in kubectl ctr buildah python3 ss curl openssl; do command -v $c >/dev/null || die "need $c"; done
 for p in $HOST_PORT $((HOST_PORT+1)) $((HOST_PORT+2)) $((HOST_PORT+3)) \
          $MEMBER_PORT $((MEMBER_PORT+1)) $((MEMBER_PORT+2)) $((MEMBER_PORT+3)) \
-         $SCHED_PORT $KL_PORT $((KL_PORT+1)) 9808 9809; do
+         $SCHED_PORT $KL_PORT $((KL_PORT+1)) $KL_PORT2 $((KL_PORT2+1)) 9808 9809; do
   ss -Hltn "sport = :$p" | grep -q . && die "port $p in use"
 done
 [[ -e $CTRD_STATE ]] && die "$CTRD_STATE exists (run down.sh first)"
+[[ -e $CTRD_STATE2 ]] && die "$CTRD_STATE2 exists (run down.sh first)"
+[[ -e /run/netns/$NETNS2 ]] && die "network namespace $NETNS2 exists (run down.sh first)"
 [[ -n "$(mounts_under "$RUN")" ]] && die "mounts under $RUN (run down.sh first)"
 echo "$HOST $MEMBER $NODE $CTRD_STATE" > "$RUN/kit.env"
 
@@ -47,10 +49,11 @@ ts "image ready: $IMAGE_TAR"
 # exec/logs on loopback (kubelet README): the API server presents the admin client certificate
 # to the kubelet at the Node's InternalIP 127.0.0.1 (PKI is made before the API server starts).
 P=$E2E_HOME/run/$HOST/pki
-APISERVER_EXTRA="--kubelet-preferred-address-types=InternalIP --kubelet-client-certificate=$P/admin.crt --kubelet-client-key=$P/admin.key" \
+# AUDIT=1: the API servers' own record of who wrote what and when (tests/deploy-kit/ha.sh reads it).
+AUDIT=1 APISERVER_EXTRA="--kubelet-preferred-address-types=InternalIP --kubelet-client-certificate=$P/admin.crt --kubelet-client-key=$P/admin.key" \
   nice "$E2E_ENV/cluster-up.sh" "$HOST" "$HOST_PORT" > "$RUN/logs/cluster-up-host.log" 2>&1 &
 h=$!
-APISERVER_EXTRA="" nice "$E2E_ENV/cluster-up.sh" "$MEMBER" "$MEMBER_PORT" > "$RUN/logs/cluster-up-member.log" 2>&1 &
+AUDIT=1 APISERVER_EXTRA="" nice "$E2E_ENV/cluster-up.sh" "$MEMBER" "$MEMBER_PORT" > "$RUN/logs/cluster-up-member.log" 2>&1 &
 m=$!
 wait $h || { cat "$RUN/logs/cluster-up-host.log"; die "cluster-up $HOST"; }
 wait $m || { cat "$RUN/logs/cluster-up-member.log"; die "cluster-up $MEMBER"; }
@@ -82,17 +85,43 @@ kh patch node "$NODE" --subresource=status --type=merge \
 kh taint node "$NODE" node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true
 kh label node "$NODE" --overwrite topology.relay.csi.dev/member-node=$MEMBER_NODE > /dev/null
 
+# ---------- kubelet node 2: the controller's second replica, on a network of its own ----------
+ip netns add "$NETNS2"
+in2 ip link set lo up
+mkdir -p "$LAB2/pids"
+# The node's forwarder, recorded in LAB2/pids so kubelet-node-down.sh stops it with the node:
+# API servers on node 2's loopback, node 2's kubelet port on the machine's (exec, logs).
+python3 "$KL/podlocal-forward.py" "/run/netns/$NETNS2" "$LAB2/pids" node-forward \
+  --in "$HOST_PORT,$MEMBER_PORT" --out "$KL_PORT2" >> "$RUN/logs/node2-forward.log" 2>&1 &
+waitfor 10 "node 2 forwarder" test -s "$LAB2/pids/node-forward.pid" || die "node 2 forwarder"
+in2 env CTRD_STATE="$CTRD_STATE2" POD_LOG_DIR="$RUN/var-log-2" POD_FORWARD="$POD_FORWARD" \
+  HTTPS_PROXY=$PULL_PROXY HTTP_PROXY=$PULL_PROXY https_proxy=$PULL_PROXY http_proxy=$PULL_PROXY \
+  nice "$KL/kubelet-node-up.sh" "$HKC" "$NODE2" "$KL_PORT2" "$LAB2" >> "$RUN/logs/kubelet-node2-up.log" 2>&1 \
+  || { tail -20 "$RUN/logs/kubelet-node2-up.log"; die "kubelet-node-up (node 2)"; }
+source "$LAB2/node.env"; KL2_CONTAINERD_SOCK=$KL_CONTAINERD_SOCK
+source "$LAB/node.env"
+kh patch node "$NODE2" --subresource=status --type=merge \
+  -p "{\"status\":{\"addresses\":[{\"type\":\"InternalIP\",\"address\":\"127.0.0.1\"},{\"type\":\"Hostname\",\"address\":\"$NODE2\"}]}}" > /dev/null
+kh taint node "$NODE2" node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true
+kh taint node "$NODE2" --overwrite "$CONTROLLER_ONLY=true:NoSchedule" > /dev/null
+kh label node "$NODE2" --overwrite "$CONTROLLER_ONLY=true" > /dev/null
+ts "node $NODE2 Ready in network namespace $NETNS2 (tainted $CONTROLLER_ONLY)"
+
 # ---------- images ----------
 SNAP=$(awk -F'"' '/snapshotter = /{print $2; exit}' "$LAB/containerd.toml")
+SNAP2=$(awk -F'"' '/snapshotter = /{print $2; exit}' "$LAB2/containerd.toml")
 imp() { ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io images import --snapshotter "${SNAP:-overlayfs}" "$1" >> "$RUN/logs/images.log" 2>&1; }
-imp "$IMAGE_TAR"
+imp2() { ctr -a "$KL2_CONTAINERD_SOCK" -n k8s.io images import --snapshotter "${SNAP2:-overlayfs}" "$1" >> "$RUN/logs/images.log" 2>&1; }
+imp "$IMAGE_TAR"; imp2 "$IMAGE_TAR"
 while read -r ref file; do
-  case $ref in */sig-storage/*|"$BUSYBOX_IMAGE") imp "$E2E_HOME/images/$file" ;; esac
+  case $ref in */sig-storage/*|"$BUSYBOX_IMAGE") imp "$E2E_HOME/images/$file"; imp2 "$E2E_HOME/images/$file" ;; esac
 done < "$E2E_HOME/images/images.txt"
 want=(localhost/csi-relay:0.1.0 $BUSYBOX_IMAGE
       $(kubectl kustomize "$KIT/overlay" | awk '/image: registry/{print $2}' | sort -u))
-have=$(ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io images ls -q)
-for i in "${want[@]}"; do grep -qxF "$i" <<< "$have" || die "image $i missing after import"; done
+for sock in "$KL_CONTAINERD_SOCK" "$KL2_CONTAINERD_SOCK"; do
+  have=$(ctr -a "$sock" -n k8s.io images ls -q)
+  for i in "${want[@]}"; do grep -qxF "$i" <<< "$have" || die "image $i missing after import into $sock"; done
+done
 ts "images imported: ${#want[@]}"
 
 # ---------- member cluster: what deploy/member/ says, plus storage ----------
@@ -112,7 +141,7 @@ metadata:
   name: $MEMBER_NODE
   labels: { kubernetes.io/hostname: $MEMBER_NODE }
 EOF
-for n in 1 2 3 4; do
+for n in $(seq 1 32); do
   mkdir -p "$RUN/member-disk/pv$n"
   km apply -f - > /dev/null <<EOF
 apiVersion: v1
@@ -133,7 +162,7 @@ EOF
 done
 kubectl --kubeconfig "$RUN/kustomize/member1.kubeconfig" auth can-i create persistentvolumeclaims -n default > /dev/null \
   || die "member1 kubeconfig cannot create PVCs"
-ts "member ready: deploy/member + admission policy applied, token kubeconfig, class standard, 4 hostPath PVs"
+ts "member ready: deploy/member + admission policy applied, token kubeconfig, class standard, 32 hostPath PVs"
 
 # ---------- host: snapshot CRDs (deploy/ runs csi-snapshotter), then the kit ----------
 kh apply -f "$E2E_HOME/snapshot-crds/" > /dev/null
@@ -184,6 +213,8 @@ metadata: { name: csi-relay-controller, namespace: csi-relay }
 spec:
   template:
     spec:
+      # Node 2 is for the controller only.
+      tolerations: [{ key: $CONTROLLER_ONLY, operator: Exists, effect: NoSchedule }]
       containers:
 $(for c in csi-relay csi-provisioner csi-attacher csi-resizer csi-snapshotter liveness-probe; do echo "        - { name: $c, env: $API_ENV }"; done)
 EOF
@@ -196,6 +227,12 @@ metadata: { name: csi-relay-node, namespace: csi-relay-node }
 spec:
   template:
     spec:
+      # deploy/node.yaml tolerates every taint (a node plugin belongs on every node); node 2 of the
+      # kit is for the controller only, and has no kubelet dir at the path patched above.
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms: [{ matchExpressions: [{ key: $CONTROLLER_ONLY, operator: DoesNotExist }] }]
       containers:
         - name: csi-relay
           env: $API_ENV
@@ -219,12 +256,15 @@ kh -n csi-relay-node rollout status daemonset/csi-relay-node --timeout=180s > /d
 ts "node pod Ready: $(kh -n csi-relay-node get pods -l app=csi-relay-node -o name)"
 kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=180s > /dev/null || {
   kh -n csi-relay get pods -o wide; kh -n csi-relay describe pods -l app=csi-relay-controller | tail -40; die "controller Deployment not ready"; }
-CP=$(kh -n csi-relay get pods -l app=csi-relay-controller -o name)
+# One replica per node.
+[[ "$(kh -n csi-relay get pods -l app=csi-relay-controller -o jsonpath='{.items[*].spec.nodeName}' | tr ' ' '\n' | sort | tr '\n' ' ')" == "$NODE $NODE2 " ]] \
+  || { kh -n csi-relay get pods -o wide; die "the two controller replicas are not one on each node"; }
 # Ready says only that the containers started: the relay leads (and serves controller calls) once
 # it holds its Lease and has read the member (it exits on a refusal, e.g. RBAC in the member).
-waitfor 60 "controller leading" sh -c "kubectl --kubeconfig '$HKC' -n csi-relay logs $CP -c csi-relay | grep -q 'leading: controller calls are served'" || {
-  kh -n csi-relay logs "$CP" -c csi-relay --tail=20; die "controller not leading"; }
-ts "controller pod Ready and leading: $CP"
+waitfor 60 "controller leading" sh -c "CP=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); kubectl --kubeconfig '$HKC' -n csi-relay logs \${CP%_*} -c csi-relay | grep -q 'leading: controller calls are served'" || {
+  kh -n csi-relay logs -l app=csi-relay-controller -c csi-relay --tail=20; die "controller not leading"; }
+CP=$(kh -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); CP=${CP%_*}
+ts "controller pods Ready, one per node; leading: $CP on $(kh -n csi-relay get pod "$CP" -o jsonpath='{.spec.nodeName}')"
 waitfor 60 "CSINode $NODE with relay.csi.dev" sh -c \
   "[ \"\$(kubectl --kubeconfig '$HKC' get csinode $NODE -o jsonpath='{.spec.drivers[?(@.name==\"relay.csi.dev\")].nodeID}')\" = $NODE ]"
 waitfor 30 "node label topology.relay.csi.dev/member" sh -c \

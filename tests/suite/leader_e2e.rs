@@ -1,8 +1,10 @@
 //! `--leader-election` on the real host and member API servers, with two
 //! controllers:
-//! - a standby opens no CSI socket (its sidecars cannot elect themselves)
-//!   while its probe endpoint answers; a leader that stops gives its Lease
-//!   up and the standby serves within a renewal step;
+//! - a standby answers Probe "not ready" on its CSI socket (the stock
+//!   sidecars wait in their Probe loop and never elect themselves beside
+//!   it), refuses controller calls, and answers ready on its probe
+//!   endpoint (its liveness); a leader that stops gives its Lease up and
+//!   the standby serves within a renewal step;
 //! - a frozen leader (SIGSTOP: nothing answers, nothing is refused) is
 //!   replaced after the Lease duration, and once thawed sends no write and
 //!   exits;
@@ -98,7 +100,7 @@ fn at(t: SystemTime) -> k8s_openapi::jiff::Timestamp {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_opens_no_socket_and_serves_once_the_leader_gives_up() {
+async fn a_standby_is_alive_not_ready_and_serves_once_the_leader_gives_up() {
     let _alone = common::alone();
     let Some(env) = e2e_support::env() else {
         common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
@@ -109,21 +111,43 @@ async fn a_standby_opens_no_socket_and_serves_once_the_leader_gives_up() {
     let mut first = start(&env, "first", &env.host_kubeconfig).await;
     until_serving(&first, Duration::from_secs(30)).await;
     let second = start(&env, "second", &env.host_kubeconfig).await;
-    // The standby is alive (Probe ready on its probe endpoint) and opens
-    // no CSI socket, so sidecars beside it wait in their connect.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let probe = second
+    // Alive for its liveness probe (the probe endpoint)...
+    let alive = second
         .identity()
         .probe(csi::ProbeRequest {})
         .await
-        .expect("Probe")
+        .expect("Probe on the probe endpoint")
         .into_inner();
-    assert_eq!(probe.ready, Some(true));
-    assert!(
-        !second.socket.exists(),
-        "a standby opened its CSI socket {}",
-        second.socket.display()
+    assert_eq!(alive.ready, Some(true));
+    // ...not ready on its CSI socket, where the sidecars ask before they
+    // elect themselves; it names itself, and answers what sidecars ask
+    // before their Probe loop, and refuses the rest.
+    let csi_channel = common::channel_to(&second.socket).await;
+    let ready = csi::identity_client::IdentityClient::new(csi_channel.clone())
+        .probe(csi::ProbeRequest {})
+        .await
+        .expect("Probe on the CSI socket")
+        .into_inner();
+    assert_eq!(
+        ready.ready,
+        Some(false),
+        "a standby said ready to its sidecars"
     );
+    csi::identity_client::IdentityClient::new(csi_channel.clone())
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .expect("GetPluginInfo from a standby");
+    let mut c2 = ControllerClient::new(csi_channel);
+    c2.controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .expect("capabilities from a standby");
+    let refused = c2
+        .create_volume(e2e_support::member_create(&env, "leader-e2e", 1 << 20))
+        .await
+        .expect_err("a standby creates nothing");
+    assert_eq!(refused.code(), Code::Unavailable);
+    assert!(refused.message().contains("standing by"), "{refused:?}");
     first.stop_gracefully().await;
     // Released at exit: seen free at the standby's next look (2 s).
     let took = until_serving(&second, Duration::from_secs(30)).await;

@@ -70,9 +70,9 @@ impl Driver {
     }
 
     /// A controller that may stand by (`--leader-election`): its
-    /// `--probe-endpoint` (`probe.sock`) answers from the start, `csi.sock`
-    /// only once it leads. The handle's channel is the probe socket's; see
-    /// [`Driver::serving`].
+    /// `--probe-endpoint` (`probe.sock`) answers ready from the start,
+    /// `csi.sock` ready only once it leads. The handle's channel is the probe
+    /// socket's; see [`Driver::serving`].
     pub async fn start_standby(node_id: &str, extra: &[&str]) -> Driver {
         let dir = test_dir();
         let state_dir = dir.path().join("state");
@@ -326,6 +326,30 @@ fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
         .stderr(log)
         .spawn()
         .expect("spawn csi-relay")
+}
+
+/// A channel to `socket` once it accepts, ready or not.
+pub async fn channel_to(socket: &Path) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let path = socket.to_path_buf();
+        let attempt = Endpoint::try_from("http://[::]:50051")
+            .expect("endpoint")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(path).await?,
+                    ))
+                }
+            }))
+            .await;
+        match attempt {
+            Ok(channel) => return channel,
+            Err(e) if Instant::now() > deadline => panic!("connect {}: {e}", socket.display()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 pub async fn connect(socket: &Path) -> Channel {
