@@ -49,12 +49,6 @@ pub fn pod_name(node_id: &str) -> String {
     crate::k8s::connect::pod_name().unwrap_or_else(|| node_id.to_string())
 }
 
-/// Who this replica is in the Lease: its pod and process, as its user
-/// agent names it in the API servers' audit logs.
-pub fn identity(pod: &str) -> String {
-    format!("{pod}_{}", std::process::id())
-}
-
 /// The pod part of a relay holder identity.
 pub fn holder_pod(identity: &str) -> &str {
     identity.rsplit_once('_').map_or(identity, |(pod, _)| pod)
@@ -207,7 +201,7 @@ pub async fn lead(
     timing: Timing,
 ) -> Result<LeaseHold, String> {
     let name = lease_name(driver_name);
-    let me = identity(pod);
+    let me = crate::k8s::connect::process_identity().to_string();
     let api: Api<Lease> = Api::namespaced(client, namespace);
     crate::rt::metrics::leader(false);
     tracing::info!(lease = %name, namespace, identity = %me, "waiting to lead");
@@ -550,9 +544,14 @@ mod tests {
 
     #[test]
     fn identities_name_the_pod() {
-        let me = identity("csi-relay-controller-7d9-abc");
-        assert_eq!(holder_pod(&me), "csi-relay-controller-7d9-abc");
+        assert_eq!(
+            holder_pod("csi-relay-controller-7d9-abc_0a1b2c3d"),
+            "csi-relay-controller-7d9-abc"
+        );
         assert_eq!(holder_pod("plain"), "plain");
+        let me = crate::k8s::connect::process_identity();
+        assert_eq!(me, crate::k8s::connect::process_identity());
+        assert!(me.rsplit_once('_').is_some_and(|(_, tag)| tag.len() == 8));
     }
 
     fn lease(holder: Option<&str>, seconds: i32) -> Lease {

@@ -56,13 +56,22 @@ pub fn pod_name() -> Option<String> {
         .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
 }
 
-/// `csi-relay/VERSION (POD_PID)`, as the leader Lease names this process.
+/// Who this process is, in the leader Lease and its user agent: its pod
+/// and a tag drawn at start. Not the pid: in a container it is 1 after
+/// every restart, and two lives of one pod must not pass for one holder.
+pub fn process_identity() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let pod = pod_name().unwrap_or_else(|| format!("pid{}", std::process::id()));
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        format!("{pod}_{}", &tag[..8])
+    })
+}
+
+/// `csi-relay/VERSION (IDENTITY)`: an audit log tells replicas, and two
+/// lives of one replica, apart.
 fn user_agent() -> http::HeaderValue {
-    let me = format!(
-        "{USER_AGENT} ({}_{})",
-        pod_name().unwrap_or_default(),
-        std::process::id()
-    );
+    let me = format!("{USER_AGENT} ({})", process_identity());
     http::HeaderValue::from_str(&me).unwrap_or(http::HeaderValue::from_static(USER_AGENT))
 }
 
@@ -179,8 +188,10 @@ mod tests {
         assert_eq!(agents.len(), 1);
         let prefix = format!("csi-relay/{} (", env!("CARGO_PKG_VERSION"));
         assert!(agents[0].starts_with(&prefix), "{agents:?}");
-        let pid = format!("_{})", std::process::id());
-        assert!(agents[0].ends_with(&pid), "{agents:?}");
+        assert!(
+            agents[0].ends_with(&format!("{})", process_identity())),
+            "{agents:?}"
+        );
     }
 
     #[test]

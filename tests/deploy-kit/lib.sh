@@ -25,6 +25,7 @@ CTRD_STATE2=${KIT_CTRD_STATE2:-/run/deploykit-containerd-2}
 NETNS2=${KIT_NETNS2:-deploykit-node2}
 CONTROLLER_ONLY=kit.relay.csi.dev/controller-only
 MEMBER_NODE=member-node-1                   # the member node the host node stands for
+MEMBER_PVS=${KIT_MEMBER_PVS:-100}          # static hostPath PVs of the member's class `standard`
 MEMBER_NAME=member1                         # deploy/'s member name (--member member1=...)
 CLASS=relay-member1                         # deploy/storageclass.yaml (WaitForFirstConsumer)
 PULL_PROXY=http://127.0.0.1:9               # a closed port: a pull that should never happen fails at once

@@ -141,9 +141,11 @@ metadata:
   name: $MEMBER_NODE
   labels: { kubernetes.io/hostname: $MEMBER_NODE }
 EOF
-for n in $(seq 1 32); do
+# Enough for check.sh and ha.sh's claims (Retain: a released PV is not bound again), in one apply.
+for n in $(seq 1 "$MEMBER_PVS"); do
   mkdir -p "$RUN/member-disk/pv$n"
-  km apply -f - > /dev/null <<EOF
+  cat <<EOF
+---
 apiVersion: v1
 kind: PersistentVolume
 metadata: { name: kit-pv-$n }
@@ -159,10 +161,10 @@ spec:
         - matchExpressions:
             - { key: kubernetes.io/hostname, operator: In, values: [$MEMBER_NODE] }
 EOF
-done
+done | km apply -f - > /dev/null
 kubectl --kubeconfig "$RUN/kustomize/member1.kubeconfig" auth can-i create persistentvolumeclaims -n default > /dev/null \
   || die "member1 kubeconfig cannot create PVCs"
-ts "member ready: deploy/member + admission policy applied, token kubeconfig, class standard, 32 hostPath PVs"
+ts "member ready: deploy/member + admission policy applied, token kubeconfig, class standard, $MEMBER_PVS hostPath PVs"
 
 # ---------- host: snapshot CRDs (deploy/ runs csi-snapshotter), then the kit ----------
 kh apply -f "$E2E_HOME/snapshot-crds/" > /dev/null

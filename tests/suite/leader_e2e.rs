@@ -85,6 +85,20 @@ async fn until_serving(d: &common::Driver, within: Duration) -> Duration {
     started.elapsed()
 }
 
+/// Who holds the relay Lease: the process identity its user agent names.
+async fn holder(host: &kube::Client) -> String {
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(host.clone(), "default");
+    let lease = api
+        .get(&csi_relay::app::leader::lease_name(DRIVER))
+        .await
+        .expect("the relay Lease");
+    lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .expect("a holder")
+}
+
 fn audit() -> Option<AuditLogs> {
     match AuditLogs::open() {
         Ok(a) => Some(a),
@@ -167,7 +181,7 @@ async fn a_frozen_leader_is_replaced_and_once_thawed_writes_nothing() {
     let audit = audit();
     let mut first = start(&env, "first", &env.host_kubeconfig).await;
     until_serving(&first, Duration::from_secs(30)).await;
-    let first_pid = first.pid().expect("first's pid");
+    let first_id = holder(&host).await;
     let second = start(&env, "second", &env.host_kubeconfig).await;
     let mut c1 = ControllerClient::new(first.serving().await);
     let name = format!("leader-freeze-{}", std::process::id());
@@ -222,7 +236,7 @@ async fn a_frozen_leader_is_replaced_and_once_thawed_writes_nothing() {
     );
     let _ = tokio::time::timeout(Duration::from_secs(15), inflight).await;
     if let (Some(audit), Some(mark)) = (&audit, &mark) {
-        let writes = audit.writes_since(mark, &format!("_{first_pid})"));
+        let writes = audit.writes_since(mark, &format!("({first_id})"));
         let late: Vec<_> = writes
             .iter()
             .filter(|w| w.received > at(frozen_at + Duration::from_millis(500)))
@@ -272,7 +286,7 @@ async fn a_leader_cut_from_the_host_stops_writing_before_its_lease_can_pass() {
     let via_proxy = via_proxy.to_str().expect("utf-8 path").to_string();
     let mut first = start(&env, "first", &via_proxy).await;
     until_serving(&first, Duration::from_secs(30)).await;
-    let first_pid = first.pid().expect("first's pid");
+    let first_id = holder(&host).await;
     let second = start(&env, "second", &env.host_kubeconfig).await;
     let c1 = ControllerClient::new(first.serving().await);
     let name = format!("leader-cut-{}", std::process::id());
@@ -320,7 +334,7 @@ async fn a_leader_cut_from_the_host_stops_writing_before_its_lease_can_pass() {
         "cut from the host: the leader stopped writing and exited {exited_after:?} after the cut; the standby served {served_after:?} after it ({took:?} waiting on its socket)"
     );
     if let (Some(audit), Some(mark)) = (&audit, &mark) {
-        let writes = audit.writes_since(mark, &format!("_{first_pid})"));
+        let writes = audit.writes_since(mark, &format!("({first_id})"));
         let member: Vec<_> = writes.iter().filter(|w| w.cluster == "member").collect();
         let late: Vec<_> = member
             .iter()

@@ -1,0 +1,221 @@
+#!/bin/bash
+# ha.sh RUN_DIR: the controller's two replicas (one per node of up.sh's kit) failing over, with figures.
+#   1. the leading pod killed (SIGKILL of every container of it, through its node's containerd)
+#      while a claim with a pod arrives every 2 s: the other replica's first CreateVolume (a claim
+#      Bound) and ControllerPublishVolume (a VolumeAttachment attached) after the kill, each within
+#      20 s of it; every pod Running;
+#   2. `kubectl rollout restart` of the controller while a claim with a pod arrives every 2 s: no
+#      claim waits more than 20 s to be Bound, no attachment more than 20 s to be attached, every
+#      pod Running;
+#   3. node 2 frozen while its replica leads (every process of the node SIGSTOPped: kubelet,
+#      containerd, shims, containers, forwarders: nothing answers, nothing is refused) under a
+#      burst of 20 claims with pods on node 1: the first claim Bound within 25 s of the freeze,
+#      every pod Running; thawed, the old leader steps down (its relay container restarts) and the
+#      API servers' audit logs show no write by it after the freeze.
+# Prints PASS/FAIL per case with its figures; exit 1 on the first failure. Leaves no user object.
+set -Eeuo pipefail
+RUN=${1:?usage: ha.sh RUN_DIR}
+RUN=$(cd "$RUN" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$LAB2/node.env"; KL2_CONTAINERD_SOCK=$KL_CONTAINERD_SOCK
+source "$LAB/node.env"
+exec > >(tee -a "$RUN/logs/ha.log") 2>&1
+T_START=$(date +%s.%N)
+ts "ha.sh $RUN"
+NS=kit-ha
+HA=$RUN/ha; rm -rf "$HA"; mkdir -p "$HA"
+pass() { ts "PASS: $*"; }
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b-a}'; }
+thaw() { [[ -s $RUN/frozen.pids ]] && { xargs -r kill -CONT < "$RUN/frozen.pids" 2>/dev/null || true; rm -f "$RUN/frozen.pids"; }; }
+trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; thaw; kh get pods -A -o wide; kh -n csi-relay get lease' ERR
+leader() { local h; h=$(kh -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); echo "${h%_*}"; }
+node_of() { kh -n csi-relay get pod "$1" -o jsonpath='{.spec.nodeName}'; }
+sock_of() { [[ $1 == "$NODE2" ]] && echo "$KL2_CONTAINERD_SOCK" || echo "$KL_CONTAINERD_SOCK"; }
+relay_restarts() { kh -n csi-relay get pod "$1" -o jsonpath='{.status.containerStatuses[?(@.name=="csi-relay")].restartCount}'; }
+
+kh create ns "$NS" > /dev/null 2>&1 || true
+waitfor 30 "default ServiceAccount in $NS" kh -n "$NS" get sa default
+
+# claim+pod N, on node 1 (node 2 is tainted controller-only); its creation time in HA/created.
+claim() {
+  kh apply -f - > /dev/null <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: { name: ha-$1, namespace: $NS }
+spec:
+  storageClassName: $CLASS
+  accessModes: [ReadWriteOnce]
+  resources: { requests: { storage: 16Mi } }
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: ha-$1, namespace: $NS }
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: $BUSYBOX_IMAGE
+      imagePullPolicy: Never
+      command: ["sh", "-c", "echo $1 > /data/id && exec sleep 100000"]
+      volumeMounts: [{ name: data, mountPath: /data }]
+  volumes:
+    - name: data
+      persistentVolumeClaim: { claimName: ha-$1 }
+EOF
+  echo "ha-$1 $(now)" >> "$HA/created"
+}
+
+# Every 0.5 s, the first time each claim is Bound and each attachment attached (by the claim it
+# serves), into HA/bound and HA/attached: "NAME TIME".
+watch_start() {
+  : > "$HA/bound"; : > "$HA/attached"; touch "$HA/watching"
+  (
+    while [[ -e $HA/watching ]]; do
+      t=$(now)
+      kh -n "$NS" get pvc -o json 2>/dev/null | jq -r '.items[] | select(.status.phase=="Bound") | "\(.metadata.name) \(.spec.volumeName)"' > "$HA/pvc.now" || true
+      kh get volumeattachment -o json 2>/dev/null | jq -r '.items[] | select(.status.attached==true) | .spec.source.persistentVolumeName' > "$HA/va.now" || true
+      while read -r name pv; do
+        grep -q "^$name " "$HA/bound" || echo "$name $t" >> "$HA/bound"
+        if grep -qxF "$pv" "$HA/va.now"; then grep -q "^$name " "$HA/attached" || echo "$name $t" >> "$HA/attached"; fi
+      done < "$HA/pvc.now"
+      sleep 0.5
+    done
+  ) &
+  WATCHER=$!
+}
+watch_stop() { rm -f "$HA/watching"; wait "$WATCHER" 2>/dev/null || true; }
+at() { awk -v n="$2" '$1==n {print $2; exit}' "$1"; }
+
+# load SECONDS FIRST: a claim with a pod every 2 s, numbered from FIRST; sets LAST.
+load() {
+  local until n=$2
+  until=$(awk -v a="$(now)" -v d="$1" 'BEGIN{printf "%.3f", a+d}')
+  while awk -v a="$(now)" -v u="$until" 'BEGIN{exit !(a<u)}'; do
+    claim "$n"; n=$((n+1)); sleep 2
+  done
+  LAST=$((n-1))
+}
+
+all_running() { # all_running FIRST LAST SECONDS
+  waitfor "$3" "pods ha-$1..ha-$2 Running" sh -c \
+    "[ \"\$(kubectl --kubeconfig '$HKC' -n $NS get pods -o json | jq '[.items[] | select(.status.phase==\"Running\")] | length')\" -ge $(($2-$1+1)) ]"
+}
+
+clean() { # everything of this script's namespace, through CSI
+  kh -n "$NS" delete pods --all --grace-period=1 --wait=true --timeout=120s > /dev/null
+  kh -n "$NS" delete pvc --all --wait=true --timeout=120s > /dev/null
+  waitfor 120 "relay PVs of $NS gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get pv -o json | jq -r '.items[] | select(.spec.claimRef.namespace==\"$NS\") | .metadata.name')\" ]"
+  rm -f "$HA/created"
+}
+
+# waits: per claim created in [FIRST, LAST], seconds from creation to Bound and to attached
+report_waits() {
+  local n name c b a worst_b=0 worst_a=0
+  for ((n=$1; n<=$2; n++)); do
+    name=ha-$n; c=$(at "$HA/created" "$name"); b=$(at "$HA/bound" "$name"); a=$(at "$HA/attached" "$name")
+    [[ -n $b && -n $a ]] || { echo "claim $name: bound '${b}' attached '${a}'"; return 1; }
+    worst_b=$(awk -v w="$worst_b" -v x="$(secs "$c" "$b")" 'BEGIN{print (x>w)?x:w}')
+    worst_a=$(awk -v w="$worst_a" -v x="$(secs "$c" "$a")" 'BEGIN{print (x>w)?x:w}')
+  done
+  echo "$worst_b $worst_a"
+}
+
+# ---------- 1. the leading pod killed under a steady load ----------
+OLD=$(leader); OLD_NODE=$(node_of "$OLD"); RESTARTS=$(relay_restarts "$OLD")
+watch_start
+load 6 1
+T_KILL=$(now)
+ids=$(kh -n csi-relay get pod "$OLD" -o jsonpath='{.status.containerStatuses[*].containerID}' | sed 's#containerd://##g')
+for id in $ids; do ctr -a "$(sock_of "$OLD_NODE")" -n k8s.io tasks kill -s SIGKILL "$id" > /dev/null 2>&1 || true; done
+load 30 4
+all_running 1 "$LAST" 120
+watch_stop
+NEW=$(leader)
+[[ $NEW != "$OLD" ]] || { echo "the killed pod $OLD leads again"; false; }
+first_b=; first_a=
+for ((n=1; n<=LAST; n++)); do
+  b=$(at "$HA/bound" "ha-$n"); a=$(at "$HA/attached" "ha-$n")
+  if [[ -z $first_b ]] && awk -v b="$b" -v k="$T_KILL" 'BEGIN{exit !(b>k)}'; then first_b=$(secs "$T_KILL" "$b"); fi
+  if [[ -z $first_a ]] && awk -v b="$a" -v k="$T_KILL" 'BEGIN{exit !(b>k)}'; then first_a=$(secs "$T_KILL" "$a"); fi
+done
+awk -v b="$first_b" -v a="$first_a" 'BEGIN{exit !(b!="" && a!="" && b<=20 && a<=20)}' \
+  || { echo "after the kill: first Bound ${first_b}s, first attached ${first_a}s (limit 20 s)"; false; }
+pass "leading pod $OLD ($OLD_NODE) killed: $NEW ($(node_of "$NEW")) served its first CreateVolume ${first_b}s and ControllerPublishVolume ${first_a}s after the kill; $LAST pods Running; the killed pod's relay restarted ($RESTARTS -> $(relay_restarts "$OLD")) as standby"
+echo "case1 first_bound=$first_b first_attached=$first_a" >> "$HA/figures"
+clean
+
+# ---------- 2. rollout restart under a steady load ----------
+watch_start
+load 50 100 & LOADER=$!
+sleep 6
+T_ROLL=$(now)
+kh -n csi-relay rollout restart deployment/csi-relay-controller > /dev/null
+kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=180s > /dev/null
+T_ROLLED=$(now)
+wait $LOADER
+LAST=$(sed -n 's/^ha-\([0-9]*\) .*/\1/p' "$HA/created" | sort -n | tail -1)
+all_running 100 "$LAST" 120
+watch_stop
+read -r worst_b worst_a < <(report_waits 100 "$LAST")
+awk -v b="$worst_b" -v a="$worst_a" 'BEGIN{exit !(b<=20 && a<=20)}' \
+  || { echo "rollout: a claim waited ${worst_b}s to bind, ${worst_a}s to attach (limit 20 s)"; false; }
+pass "rollout restart ($(secs "$T_ROLL" "$T_ROLLED")s): $((LAST-99)) claims, longest wait from create to Bound ${worst_b}s, to attached ${worst_a}s; all Running; leader now $(leader)"
+echo "case2 claims=$((LAST-99)) worst_bound=$worst_b worst_attached=$worst_a rollout=$(secs "$T_ROLL" "$T_ROLLED")" >> "$HA/figures"
+clean
+
+# ---------- 3. node 2 frozen while it leads, under a burst ----------
+if [[ $(node_of "$(leader)") != "$NODE2" ]]; then
+  # Move the lead to node 2: the leader on node 1 stopped (gracefully: it gives its Lease up).
+  L=$(leader)
+  kh -n csi-relay delete pod "$L" --wait=true --timeout=60s > /dev/null
+  waitfor 60 "a leader on $NODE2" sh -c "h=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); [ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod \${h%_*} -o jsonpath='{.spec.nodeName}')\" = $NODE2 ]"
+  kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=120s > /dev/null
+  # Serving: its sidecars past their Probe loop and leading.
+  waitfor 60 "the attacher's Lease on the leader's pod" sh -c "h=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); [ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease external-attacher-leader-relay-csi-dev -o jsonpath='{.spec.holderIdentity}')\" = \${h%_*} ]"
+fi
+OLD=$(leader); RESTARTS=$(relay_restarts "$OLD")
+AUDIT_HOST=$E2E_HOME/run/$HOST/logs/audit.log; AUDIT_MEMBER=$E2E_HOME/run/$MEMBER/logs/audit.log
+frozen_pids() { # every process of node 2: recorded ones, its containerd's shims and all their descendants
+  local roots p
+  roots=$(cat "$LAB2"/pids/*.pid 2>/dev/null; pgrep -f "containerd-shim.*$CTRD_STATE2" || true)
+  descend() { echo "$1"; for c in $(pgrep -P "$1" || true); do descend "$c"; done; }
+  for p in $roots; do descend "$p"; done | sort -un
+}
+watch_start
+for n in $(seq 200 219); do claim "$n" & done; wait
+T_FREEZE=$(now); FREEZE_ISO=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)
+frozen_pids > "$RUN/frozen.pids"
+xargs -r kill -STOP < "$RUN/frozen.pids"
+all_running 200 219 180
+T_ALL=$(now)
+watch_stop
+first_b=$(awk -v k="$T_FREEZE" '$2>k {print $2}' "$HA/bound" | sort -n | head -1)
+[[ -n $first_b ]] && awk -v b="$(secs "$T_FREEZE" "$first_b")" 'BEGIN{exit !(b<=25)}' \
+  || { echo "after the freeze: first claim Bound at '${first_b}' (limit 25 s)"; false; }
+NEW=$(leader)
+T_THAW=$(now); thaw
+waitfor 60 "the old leader $OLD stepping down (its relay container restarting)" sh -c "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod $OLD -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $RESTARTS ]"
+T_DOWN=$(now)
+# The API servers' record: no write by the old leader's relay (its user agent names its pod)
+# received after the freeze.
+late=$(python3 - "$FREEZE_ISO" "$OLD" "$AUDIT_HOST" "$AUDIT_MEMBER" <<'EOF'
+import json, sys
+since, pod = sys.argv[1], sys.argv[2]
+for path in sys.argv[3:]:
+    for line in open(path):
+        try: e = json.loads(line)
+        except ValueError: continue
+        if e.get("verb") in ("get", "list", "watch"): continue
+        if "csi-relay/" not in e.get("userAgent", "") or "(%s_" % pod not in e.get("userAgent", ""): continue
+        if e.get("requestReceivedTimestamp", "") > since:
+            o = e.get("objectRef", {})
+            print(path.split("/")[-3], e["verb"], o.get("resource"), o.get("name"), e["requestReceivedTimestamp"])
+EOF
+)
+[[ -z $late ]] || { echo "writes by the frozen leader after its freeze:"; echo "$late"; false; }
+pass "node 2 frozen while $OLD led, burst of 20 claims: $NEW served the first ${first_b:+$(secs "$T_FREEZE" "$first_b")}s after the freeze, all 20 Running after $(secs "$T_FREEZE" "$T_ALL")s; thawed after $(secs "$T_FREEZE" "$T_THAW")s, the old leader stepped down within $(secs "$T_THAW" "$T_DOWN")s; audit logs: no write by it after the freeze"
+echo "case3 first_bound=$(secs "$T_FREEZE" "$first_b") all_running=$(secs "$T_FREEZE" "$T_ALL") stepped_down_after_thaw=$(secs "$T_THAW" "$T_DOWN")" >> "$HA/figures"
+clean
+kh delete ns "$NS" --wait=false > /dev/null
+ts "ha.sh done"
