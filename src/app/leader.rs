@@ -309,26 +309,32 @@ pub async fn lead(
 /// Renews the Lease every `renew_every`; ends the process once the fence
 /// expires (no renewal in time) or the Lease has another holder.
 async fn keep(api: Api<Lease>, name: String, me: String, mut lease: Lease, timing: Timing) {
+    let mut next = Instant::now() + timing.renew_every;
     loop {
         tokio::select! {
             biased;
             () = fence().expired() => step_down_and_exit(&name, "the Lease could not be renewed in time"),
-            () = tokio::time::sleep(timing.renew_every) => {}
+            () = tokio::time::sleep_until(next) => {}
         }
+        // No timeout of its own: a slow answer that still comes before the
+        // fence closes counts (the renewal is dated from when it was sent).
         let sent = Instant::now();
         let (params, renewed) = (PostParams::default(), taken_by(lease.clone(), &me, &timing));
-        let renewal = api.replace(&name, &params, &renewed);
         let answer = tokio::select! {
             biased;
             () = fence().expired() => step_down_and_exit(&name, "the Lease could not be renewed in time"),
-            answer = tokio::time::timeout(timing.renew_every, renewal) => answer,
+            answer = api.replace(&name, &params, &renewed) => answer,
         };
+        // After a failure, again at once (a little later): the time left is
+        // what the last renewal bought, not a renewal period.
+        next = Instant::now() + RETRY_RENEWAL;
         match answer {
-            Ok(Ok(renewed)) => {
+            Ok(renewed) => {
                 fence().extend_to(sent + timing.bought());
                 lease = renewed;
+                next = sent + timing.renew_every;
             }
-            Ok(Err(e)) if is_status(&e, 409) || is_status(&e, 404) => {
+            Err(e) if is_status(&e, 409) || is_status(&e, 404) => {
                 // Changed or gone under us: ours only if it still names us.
                 match api.get_opt(&name).await {
                     Ok(Some(now)) if holder(&now) == Some(me.as_str()) => lease = now,
@@ -338,15 +344,15 @@ async fn keep(api: Api<Lease>, name: String, me: String, mut lease: Lease, timin
                     }
                 }
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(lease = %name, error = %e, "cannot renew the leader Lease; trying again")
-            }
-            Err(_) => {
-                tracing::warn!(lease = %name, "renewing the leader Lease timed out; trying again")
             }
         }
     }
 }
+
+/// Between failed renewals.
+const RETRY_RENEWAL: Duration = Duration::from_millis(250);
 
 fn step_down_and_exit(lease: &str, why: &str) -> ! {
     fence().step_down();

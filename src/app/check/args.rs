@@ -31,6 +31,14 @@ pub struct CheckArgs {
     #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
     pub driver_name: String,
 
+    /// Namespace of the controller's pods and Leases.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "csi-relay")]
+    pub namespace: String,
+
+    /// Label selector of the controller's pods.
+    #[arg(long, default_value = "app=csi-relay-controller")]
+    pub controller_selector: String,
+
     /// Seconds after which a volume still PROVISIONING is reported stuck.
     #[arg(long, default_value_t = 600)]
     pub stuck_after: u64,

@@ -1,6 +1,7 @@
 //! `csi-relay check`: reads the host cluster and every configured member
 //! and reports, one line each with its fix, what stops volumes from working
-//! or will: the RelayVolume CRD, this identity's rights, the StorageClasses
+//! or will: the RelayVolume CRD, the controller's replicas and which one
+//! leads, this identity's rights, the StorageClasses
 //! of the driver, how host nodes map to members, and stuck volumes.
 //!
 //! It only reads (access and rules reviews are reads too). Exit status 0:
@@ -13,6 +14,7 @@ mod bindings;
 mod classes;
 mod crd;
 mod nodes;
+mod replicas;
 mod report;
 mod volumes;
 
@@ -115,6 +117,15 @@ async fn check(args: &CheckArgs) -> Result<Vec<Finding>, String> {
     };
     let mut findings = Vec::new();
     findings.extend(crd::check(&clusters.host).await);
+    findings.extend(
+        replicas::check(
+            &clusters,
+            &args.driver_name,
+            &args.namespace,
+            &args.controller_selector,
+        )
+        .await,
+    );
     findings.extend(access::check(&clusters).await);
     findings.extend(classes::check(&clusters, &args.driver_name).await);
     findings.extend(nodes::check(&clusters, args).await);
