@@ -206,6 +206,8 @@ pub async fn lead(
     crate::rt::metrics::leader(false);
     tracing::info!(lease = %name, namespace, identity = %me, "waiting to lead");
     let mut seen: Option<(String, Instant)> = None;
+    let changed = std::sync::Arc::new(tokio::sync::Notify::new());
+    let watch = tokio::spawn(wake_on_change(api.clone(), name.clone(), changed.clone()));
     let (lease, previous) = loop {
         let read = tokio::time::timeout(
             timing.renew_every.max(Duration::from_secs(1)),
@@ -266,7 +268,13 @@ pub async fn lead(
         };
         match judge(&current, &me, since, now, &timing) {
             Verdict::WaitUntil(at) => {
-                tokio::time::sleep_until(at.min(now + timing.renew_every)).await;
+                // A release (a leader stopping) is seen at once, not at the
+                // next look: a replica starting meanwhile does not get there
+                // first.
+                tokio::select! {
+                    () = tokio::time::sleep_until(at.min(now + timing.renew_every)) => {}
+                    () = changed.notified() => {}
+                }
             }
             Verdict::Take => {
                 let previous = holder(&current).map(|h| holder_pod(h).to_string());
@@ -293,6 +301,7 @@ pub async fn lead(
             }
         }
     };
+    watch.abort();
     crate::rt::metrics::leader(true);
     tracing::info!(lease = %name, identity = %me, previous = ?previous, "holding the leader Lease");
     let keeper = tokio::spawn(keep(api.clone(), name.clone(), me.clone(), lease, timing));
@@ -304,6 +313,24 @@ pub async fn lead(
         me,
         previous_pod,
     })
+}
+
+/// Wakes the standby on every change of the Lease (a watch of that one
+/// object); looking every renewal period stays the fallback.
+async fn wake_on_change(
+    api: Api<Lease>,
+    name: String,
+    changed: std::sync::Arc<tokio::sync::Notify>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(kube::runtime::watcher(api, config).default_backoff());
+    while let Some(event) = events.next().await {
+        if event.is_ok() {
+            changed.notify_one();
+        }
+    }
 }
 
 /// Renews the Lease every `renew_every`; ends the process once the fence

@@ -6,7 +6,9 @@
 //! pod through the installed controller and node plugin, checks the
 //! livenessprobes, kills the node plugin's container (the kubelet restarts
 //! it) and checks the mounted volume and a new one, then deletes it all
-//! through CSI; `down.sh` undoes everything.
+//! through CSI; `ha.sh` fails the controller's two replicas over (the
+//! leader's pod killed, a rollout restart, the leader's node frozen) under
+//! load, with figures; `down.sh` undoes everything.
 //!
 //! Runs when E2E_HOME holds the control-plane and kubelet binaries and the
 //! sidecar images (`images/images.txt`), and buildah and containerd are
@@ -44,4 +46,5 @@ fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
     );
     kit.run("up.sh");
     kit.run("check.sh");
+    kit.run("ha.sh");
 }

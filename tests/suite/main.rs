@@ -30,6 +30,7 @@ mod k8s_e2e;
 mod kosmos_e2e;
 mod layering;
 mod leader_e2e;
+mod leader_scale_e2e;
 mod least_privilege_e2e;
 mod lost_member_e2e;
 mod member_e2e;
