@@ -157,6 +157,15 @@ pub fn judge(
     }
 }
 
+/// The Lease's transitions: the term of its holder.
+fn transitions(lease: &Lease) -> i64 {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .map_or(0, i64::from)
+}
+
 fn now_micro() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
@@ -242,6 +251,7 @@ pub async fn lead(
             let sent = Instant::now();
             match api.create(&PostParams::default(), &fresh).await {
                 Ok(made) => {
+                    fence().set_term(transitions(&made));
                     fence().extend_to(sent + timing.bought());
                     break (made, None);
                 }
@@ -288,6 +298,7 @@ pub async fn lead(
                     .await
                 {
                     Ok(taken) => {
+                        fence().set_term(transitions(&taken));
                         fence().extend_to(sent + timing.bought());
                         break (taken, previous);
                     }

@@ -64,6 +64,7 @@ fn relay_volume(last_error: Option<&str>) -> RelayVolume {
             host_pvc: Some("shop/data".into()),
             record: String::new(),
             format_version: 1,
+            leader_term: None,
         },
     );
     rv.status = Some(RelayVolumeStatus {

@@ -339,6 +339,7 @@ fn held_object(id: &str, entries: serde_json::Value) -> RelayVolume {
             host_pvc: None,
             record: String::new(),
             format_version: 1,
+            leader_term: None,
         },
     );
     obj.status = Some(serde_json::from_value(json!({"nodes": entries})).expect("status"));

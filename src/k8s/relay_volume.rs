@@ -63,7 +63,13 @@ fn record_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Erro
     printcolumn = r#"{"name": "MEMBER-PVC", "type": "string", "jsonPath": ".spec.memberPvc"}"#,
     printcolumn = r#"{"name": "NODES", "type": "string", "jsonPath": ".status.nodeSummary"}"#,
     printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
-    printcolumn = r#"{"name": "LAST-ERROR", "type": "string", "jsonPath": ".status.lastError"}"#
+    printcolumn = r#"{"name": "LAST-ERROR", "type": "string", "jsonPath": ".status.lastError"}"#,
+    // The API server's half of one writer at a time: a write from a
+    // deposed leader (sent before its fence closed, held by the network or
+    // a frozen node, delivered late) is refused once a newer leader has
+    // written the volume. See `rt::fence`.
+    validation = Rule::new("!has(self.spec.leaderTerm) || !has(oldSelf.spec.leaderTerm) || self.spec.leaderTerm >= oldSelf.spec.leaderTerm")
+        .message("spec.leaderTerm may not go back: this write comes from a csi-relay controller that no longer leads (a newer leader has written this volume since)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct RelayVolumeSpec {
@@ -87,6 +93,11 @@ pub struct RelayVolumeSpec {
     /// newer than it reads. 1 when absent (written before the field existed).
     #[serde(default = "first_format")]
     pub format_version: u32,
+    /// The leader term (the leader Lease's transitions when the writing
+    /// controller took it) of the last write; absent without
+    /// `--leader-election`. Never goes back (the CRD's rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_term: Option<i64>,
 }
 
 /// The RelayVolume format this build writes. Raise it with any change of
@@ -237,6 +248,7 @@ pub fn spec_of(vol: &Volume) -> CsiResult<RelayVolumeSpec> {
         record: serde_json::to_string(&controller_record(vol))
             .map_err(|e| CsiError::Internal(format!("encode volume record: {e}")))?,
         format_version: FORMAT,
+        leader_term: crate::rt::fence::fence().term(),
     })
 }
 

@@ -13,7 +13,7 @@
 //! `k8s::connect`), so the rule holds for every write, host and member,
 //! whichever module makes it; the Lease's own client does not.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -26,6 +26,11 @@ pub struct Fence {
     until_ms: AtomicU64,
     /// Set once the fence closes after having been open: never reopens.
     stepped_down: AtomicBool,
+    /// The leader term this process writes under (-1: no election). The
+    /// RelayVolume CRD refuses a write whose term is older than the last
+    /// one: the API server's half of the fence, for writes sent in time
+    /// but delivered late.
+    term: AtomicI64,
 }
 
 static FENCE: OnceLock<Fence> = OnceLock::new();
@@ -44,6 +49,7 @@ impl Fence {
             base: Instant::now(),
             until_ms: AtomicU64::new(u64::MAX),
             stepped_down: AtomicBool::new(false),
+            term: AtomicI64::new(-1),
         }
     }
 
@@ -74,6 +80,18 @@ impl Fence {
         let ms = until.saturating_duration_since(self.base).as_millis() as u64;
         self.until_ms
             .fetch_max(ms.min(u64::MAX - 1), Ordering::AcqRel);
+    }
+
+    /// The term this process leads in (the leader Lease's transitions once
+    /// it took it); set before the fence first opens.
+    pub fn set_term(&self, term: i64) {
+        self.term.store(term.max(0), Ordering::Release);
+    }
+
+    /// The term writes carry; `None` without an election.
+    pub fn term(&self) -> Option<i64> {
+        let t = self.term.load(Ordering::Acquire);
+        (t >= 0).then_some(t)
     }
 
     /// Closes for good: the Lease is lost or given up.

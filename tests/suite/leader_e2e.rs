@@ -390,3 +390,52 @@ async fn a_leader_cut_from_the_host_stops_writing_before_its_lease_can_pass() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_refuses_a_relay_volume_write_from_an_older_leader_term() {
+    let _alone = common::alone();
+    let Some(env) = e2e_support::env() else {
+        common::skip("no clusters: set RELAY_E2E_HOST_KUBECONFIG, RELAY_E2E_MEMBER_KUBECONFIG and RELAY_E2E_MEMBER_STORAGE_CLASS");
+        return;
+    };
+    let host = e2e_support::client(&env.host_kubeconfig).await;
+    e2e_support::install_crd(&host).await;
+    let api: kube::Api<RelayVolume> = kube::Api::all(host.clone());
+    let name = format!("m-e2e-{:032x}", u128::from(std::process::id()) << 32);
+    let spec = |term: Option<i64>| csi_relay::k8s::relay_volume::RelayVolumeSpec {
+        volume_id: name.clone(),
+        volume_name: "pvc-term".into(),
+        capacity_bytes: 1 << 20,
+        member: None,
+        member_pvc: None,
+        host_pvc: None,
+        record: "{}".into(),
+        format_version: 1,
+        leader_term: term,
+    };
+    let pp = kube::api::PostParams::default();
+    let mut rv = api
+        .create(&pp, &RelayVolume::new(&name, spec(Some(5))))
+        .await
+        .expect("create with term 5");
+    // A deposed leader's write, delivered late: refused, with the reason.
+    rv.spec = spec(Some(4));
+    let refused = api.replace(&name, &pp, &rv).await;
+    match &refused {
+        Err(kube::Error::Api(e)) => {
+            assert_eq!(e.code, 422, "{e:?}");
+            assert!(e.message.contains("no longer leads"), "{e:?}");
+        }
+        other => panic!("a write from term 4 over term 5 was not refused: {other:?}"),
+    }
+    // The same term and a newer one pass.
+    for term in [5, 6] {
+        rv = api.get(&name).await.expect("get");
+        rv.spec = spec(Some(term));
+        rv = api
+            .replace(&name, &pp, &rv)
+            .await
+            .unwrap_or_else(|e| panic!("term {term}: {e}"));
+    }
+    let _ = api.delete(&name, &Default::default()).await;
+}
