@@ -432,10 +432,11 @@ async fn the_api_server_refuses_a_relay_volume_write_from_an_older_leader_term()
     for term in [5, 6] {
         rv = api.get(&name).await.expect("get");
         rv.spec = spec(Some(term));
-        rv = api
+        let written = api
             .replace(&name, &pp, &rv)
             .await
             .unwrap_or_else(|e| panic!("term {term}: {e}"));
+        assert_eq!(written.spec.leader_term, Some(term));
     }
     let _ = api.delete(&name, &Default::default()).await;
 }
