@@ -11,7 +11,10 @@
 #      containerd, shims, containers, forwarders: nothing answers, nothing is refused) under a
 #      burst of 20 claims with pods on node 1: the first claim Bound within 25 s of the freeze,
 #      every pod Running; thawed, the old leader steps down (its relay container restarts) and the
-#      API servers' audit logs show no write by it took effect after its Lease ran out.
+#      API servers' audit logs show no write by it took effect after its Lease ran out;
+#   4. node 2 cut from the host API only (a DROP rule in its network namespace) while its replica
+#      leads, under a claim with a pod every 2 s: it steps down; the member's audit log shows no
+#      write by it after its renew deadline (the cut + 7 s); every pod Running.
 # Prints PASS/FAIL per case with its figures; exit 1 on the first failure. Leaves no user object.
 set -Eeuo pipefail
 RUN=${1:?usage: ha.sh RUN_DIR}
@@ -122,7 +125,24 @@ report_waits() {
   echo "$worst_b $worst_a"
 }
 
-CASES=${HA_CASES:-1 2 3}   # which of the cases below run
+# Moves the lead to node 2: the leader on node 1 stopped (gracefully: it gives its Lease up, and
+# the standby, watching the Lease, takes it before the stopped pod's successor has started; a few
+# tries in case the successor wins all the same).
+lead_on_node2() {
+  local try L
+  for try in 1 2 3; do
+    L=$(leader)
+    [[ $(node_of "$L") == "$NODE2" ]] && break
+    kh -n csi-relay delete pod "$L" --wait=true --timeout=60s > /dev/null
+    waitfor 60 "a new leader" sh -c "h=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$h\" ] && [ \"\${h%_*}\" != $L ]"
+    kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=120s > /dev/null
+  done
+  [[ $(node_of "$(leader)") == "$NODE2" ]] || { echo "the lead did not move to $NODE2"; return 1; }
+  # Serving: its sidecars past their Probe loop and leading.
+  waitfor 60 "the attacher's Lease on the leader's pod" sh -c "h=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); [ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease external-attacher-leader-relay-csi-dev -o jsonpath='{.spec.holderIdentity}')\" = \${h%_*} ]"
+}
+
+CASES=${HA_CASES:-1 2 3 4}   # which of the cases below run
 # ---------- 1. the leading pod killed under a steady load ----------
 if [[ " $CASES " == *" 1 "* ]]; then
 OLD=$(leader); OLD_NODE=$(node_of "$OLD"); RESTARTS=$(relay_restarts "$OLD")
@@ -172,19 +192,7 @@ fi
 
 # ---------- 3. node 2 frozen while it leads, under a burst ----------
 if [[ " $CASES " == *" 3 "* ]]; then
-# Move the lead to node 2: the leader on node 1 stopped (gracefully: it gives its Lease up, and the
-# standby, watching the Lease, takes it before the stopped pod's successor has started; a few tries
-# in case the successor wins all the same).
-for try in 1 2 3; do
-  L=$(leader)
-  [[ $(node_of "$L") == "$NODE2" ]] && break
-  kh -n csi-relay delete pod "$L" --wait=true --timeout=60s > /dev/null
-  waitfor 60 "a new leader" sh -c "h=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); [ -n \"\$h\" ] && [ \"\${h%_*}\" != $L ]"
-  kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=120s > /dev/null
-done
-[[ $(node_of "$(leader)") == "$NODE2" ]] || { echo "the lead did not move to $NODE2"; false; }
-# Serving: its sidecars past their Probe loop and leading.
-waitfor 60 "the attacher's Lease on the leader's pod" sh -c "h=\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); [ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get lease external-attacher-leader-relay-csi-dev -o jsonpath='{.spec.holderIdentity}')\" = \${h%_*} ]"
+lead_on_node2
 OLD=$(leader); RESTARTS=$(relay_restarts "$OLD")
 AUDIT_HOST=$E2E_HOME/run/$HOST/logs/audit.log; AUDIT_MEMBER=$E2E_HOME/run/$MEMBER/logs/audit.log
 frozen_pids() { # every process of node 2: recorded ones, its containerd's shims and all their descendants
@@ -238,5 +246,63 @@ pass "node 2 frozen while $OLD led, burst of 20 claims: $NEW served the first ${
 echo "case3 first_bound=$(secs "$T_FREEZE" "$first_b") all_running=$(secs "$T_FREEZE" "$T_ALL") stepped_down_after_thaw=$(secs "$T_THAW" "$T_DOWN") late_refused=$refused" >> "$HA/figures"
 clean
 fi
+
+# ---------- 4. node 2 cut from the host API only, while its replica leads ----------
+# A DROP rule in node 2's own network namespace for the host API port: packets to it vanish (calls
+# hang, nothing is refused); the member API stays reachable. Its relay must stop every write, the
+# member's included, by 7 s after its last renewal (before the cut), and exit.
+if [[ " $CASES " == *" 4 "* ]]; then
+lead_on_node2
+OLD=$(leader); RESTARTS=$(relay_restarts "$OLD")
+cut_rule=(OUTPUT -o lo -p tcp --dport "$HOST_PORT" -j DROP)
+heal() { in2 iptables -D "${cut_rule[@]}" 2>/dev/null || true; }
+trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; heal; thaw; kh get pods -A -o wide; kh -n csi-relay get lease' ERR
+watch_start
+in2 iptables -A "${cut_rule[@]}"
+T_CUT=$(now); CUT_ISO=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)
+DEADLINE_ISO=$(date -u -d "@$(awk -v t="$T_CUT" 'BEGIN{printf "%.6f", t+7}')" +%Y-%m-%dT%H:%M:%S.%6NZ)
+# Claims keep coming while it is cut, as they would.
+load 16 300
+waitfor 30 "the cut leader $OLD stepping down" sh -c "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod $OLD -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $RESTARTS ]"
+T_DOWN=$(now)
+all_running 300 "$LAST" 120
+T_ALL=$(now)
+watch_stop
+NEW=$(leader)
+[[ $NEW != "$OLD" ]] || { echo "the cut pod $OLD still leads"; false; }
+first_b=$(awk -v k="$T_CUT" '$2>k {print $2}' "$HA/bound" | sort -n | head -1)
+late=$(python3 - "$DEADLINE_ISO" "$OLD" "$AUDIT_MEMBER" <<'EOF'
+import json, sys
+deadline, pod = sys.argv[1], sys.argv[2]
+for line in open(sys.argv[3]):
+    try: e = json.loads(line)
+    except ValueError: continue
+    if e.get("verb") in ("get", "list", "watch"): continue
+    if "csi-relay/" not in e.get("userAgent", "") or "(%s_" % pod not in e.get("userAgent", ""): continue
+    if e.get("requestReceivedTimestamp", "") > deadline:
+        o = e.get("objectRef", {})
+        print(e["verb"], o.get("resource"), o.get("name"), e["requestReceivedTimestamp"], e.get("responseStatus", {}).get("code"))
+EOF
+)
+[[ -z $late ]] || { echo "member writes by the cut leader after its renew deadline ($DEADLINE_ISO):"; echo "$late"; false; }
+before=$(python3 - "$CUT_ISO" "$OLD" "$AUDIT_MEMBER" <<'EOF'
+import json, sys
+since, pod = sys.argv[1], sys.argv[2]
+n = 0
+for line in open(sys.argv[3]):
+    try: e = json.loads(line)
+    except ValueError: continue
+    if e.get("verb") in ("get", "list", "watch"): continue
+    if "(%s_" % pod in e.get("userAgent", "") and e.get("requestReceivedTimestamp", "") > since: n += 1
+print(n)
+EOF
+)
+heal
+trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; thaw; kh get pods -A -o wide; kh -n csi-relay get lease' ERR
+pass "node 2 cut from the host API while $OLD led: it stepped down $(secs "$T_CUT" "$T_DOWN")s after the cut; $NEW served the first claim $(secs "$T_CUT" "$first_b")s after it, $((LAST-299)) claims Running after $(secs "$T_CUT" "$T_ALL")s; member audit: $before writes by the cut leader after the cut, none after its renew deadline (cut + 7 s)"
+echo "case4 stepped_down=$(secs "$T_CUT" "$T_DOWN") first_bound=$(secs "$T_CUT" "$first_b") member_writes_after_cut=$before" >> "$HA/figures"
+clean
+fi
 kh delete ns "$NS" --wait=false > /dev/null
+cat "$HA/figures"
 ts "ha.sh done"

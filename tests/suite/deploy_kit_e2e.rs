@@ -21,8 +21,10 @@ use std::path::PathBuf;
 use e2e_support::ScriptedEnv;
 
 fn prerequisites() -> Result<PathBuf, String> {
-    let e2e_home =
-        e2e_support::kubelet_node_home(&["kube-apiserver", "kubectl"], &["buildah", "curl", "ss"])?;
+    let e2e_home = e2e_support::kubelet_node_home(
+        &["kube-apiserver", "kubectl"],
+        &["buildah", "curl", "ss", "iptables", "nsenter"],
+    )?;
     let images = std::fs::read_to_string(e2e_home.join("images/images.txt"))
         .map_err(|_| "no sidecar images: $E2E_HOME/images/images.txt missing")?;
     if !images.contains("csi-node-driver-registrar") || !images.contains("csi-provisioner") {
