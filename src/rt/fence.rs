@@ -218,10 +218,13 @@ where
         }
         let call = self.inner.call(req);
         Box::pin(async move {
+            // The fence first: a process thawed after its fence closed drops
+            // the request before it is polled again, and hyper does not
+            // write a request whose caller has gone.
             tokio::select! {
                 biased;
-                done = call => done.map_err(Into::into),
                 () = fence.expired() => Err(FencedOff { in_flight: true }.into()),
+                done = call => done.map_err(Into::into),
             }
         })
     }
