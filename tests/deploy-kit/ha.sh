@@ -36,6 +36,14 @@ trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; thaw; kh get pods -A -o wide; kh
 leader() { local h; h=$(kh -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.holderIdentity}'); echo "${h%_*}"; }
 node_of() { kh -n csi-relay get pod "$1" -o jsonpath='{.spec.nodeName}'; }
 sock_of() { [[ $1 == "$NODE2" ]] && echo "$KL2_CONTAINERD_SOCK" || echo "$KL_CONTAINERD_SOCK"; }
+# The relay process of node 2's replica (a frozen or cut node's kubelet cannot report a restart).
+relay_pid2() { pgrep -f "csi-relay serve --mode=controller .*--node-id=$NODE2( |$)" | head -1; }
+# exited_by PID SECONDS: the time PID was seen gone (polled every 0.1 s), or fails.
+exited_by() {
+  local i
+  for ((i=0; i<$2*10; i++)); do kill -0 "$1" 2>/dev/null || { now; return 0; }; sleep 0.1; done
+  return 1
+}
 relay_restarts() { kh -n csi-relay get pod "$1" -o jsonpath='{.status.containerStatuses[?(@.name=="csi-relay")].restartCount}'; }
 
 kh create ns "$NS" > /dev/null 2>&1 || true
@@ -193,7 +201,8 @@ fi
 # ---------- 3. node 2 frozen while it leads, under a burst ----------
 if [[ " $CASES " == *" 3 "* ]]; then
 lead_on_node2
-OLD=$(leader); RESTARTS=$(relay_restarts "$OLD")
+OLD=$(leader); OLD_PID=$(relay_pid2)
+[[ -n $OLD_PID ]] || { echo "no relay process of $NODE2"; false; }
 AUDIT_HOST=$E2E_HOME/run/$HOST/logs/audit.log; AUDIT_MEMBER=$E2E_HOME/run/$MEMBER/logs/audit.log
 frozen_pids() { # every process of node 2: recorded ones, its containerd's shims and all their descendants
   local roots p
@@ -212,18 +221,17 @@ T_FREEZE=$(now); FREEZE_ISO=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)
 all_running 200 219 180
 T_ALL=$(now)
 watch_stop
-first_b=$(awk -v k="$T_FREEZE" '$2>k {print $2}' "$HA/bound" | sort -n | head -1)
-[[ -n $first_b ]] && awk -v b="$(secs "$T_FREEZE" "$first_b")" 'BEGIN{exit !(b<=25)}' \
-  || { echo "after the freeze: first claim Bound at '${first_b}' (limit 25 s)"; false; }
 NEW=$(leader)
+# The Lease ran out for the frozen leader when the new one took it.
+RAN_OUT=$(kh -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.acquireTime}')
+TOOK=$(secs "$T_FREEZE" "$(date -d "$RAN_OUT" +%s.%N)")
+awk -v t="$TOOK" 'BEGIN{exit !(t<=25)}' || { echo "the new leader took the Lease ${TOOK}s after the freeze (limit 25 s)"; false; }
 T_THAW=$(now); thaw
-waitfor 60 "the old leader $OLD stepping down (its relay container restarting)" sh -c "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod $OLD -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $RESTARTS ]"
-T_DOWN=$(now)
+T_DOWN=$(exited_by "$OLD_PID" 30) || { echo "the thawed old leader's relay (pid $OLD_PID) still runs"; false; }
 # The API servers' record: no write by the old leader's relay (its user agent names its pod) took
 # effect after its Lease ran out (when the new leader took it). What it sent before it froze can
 # arrive at the thaw (held by the frozen node's own network path): each such write must have been
 # refused (RelayVolumes: the CRD's leader-term rule; member objects: already made by the new leader).
-RAN_OUT=$(kh -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.acquireTime}')
 late=$(python3 - "$RAN_OUT" "$OLD" "$AUDIT_HOST" "$AUDIT_MEMBER" <<'EOF'
 import json, sys
 ran_out, pod = sys.argv[1], sys.argv[2]
@@ -242,8 +250,8 @@ EOF
 refused=$(awk '$NF >= 400' <<< "$late" | grep -c . || true)
 late=$(awk '$NF < 400' <<< "$late")
 [[ -z $late ]] || { echo "writes by the frozen leader that took effect after its Lease ran out ($RAN_OUT):"; echo "$late"; false; }
-pass "node 2 frozen while $OLD led, burst of 20 claims: $NEW served the first ${first_b:+$(secs "$T_FREEZE" "$first_b")}s after the freeze, all 20 Running after $(secs "$T_FREEZE" "$T_ALL")s; thawed after $(secs "$T_FREEZE" "$T_THAW")s, the old leader stepped down within $(secs "$T_THAW" "$T_DOWN")s; audit logs: no write by it took effect after its Lease ran out ($refused delivered late and refused)"
-echo "case3 first_bound=$(secs "$T_FREEZE" "$first_b") all_running=$(secs "$T_FREEZE" "$T_ALL") stepped_down_after_thaw=$(secs "$T_THAW" "$T_DOWN") late_refused=$refused" >> "$HA/figures"
+pass "node 2 frozen while $OLD led, burst of 20 claims: $NEW took the Lease ${TOOK}s after the freeze, all 20 Running after $(secs "$T_FREEZE" "$T_ALL")s; thawed after $(secs "$T_FREEZE" "$T_THAW")s, the old leader stepped down within $(secs "$T_THAW" "$T_DOWN")s; audit logs: no write by it took effect after its Lease ran out ($refused delivered late and refused)"
+echo "case3 took_lease=$TOOK all_running=$(secs "$T_FREEZE" "$T_ALL") stepped_down_after_thaw=$(secs "$T_THAW" "$T_DOWN") late_refused=$refused" >> "$HA/figures"
 clean
 fi
 
@@ -253,7 +261,8 @@ fi
 # member's included, by 7 s after its last renewal (before the cut), and exit.
 if [[ " $CASES " == *" 4 "* ]]; then
 lead_on_node2
-OLD=$(leader); RESTARTS=$(relay_restarts "$OLD")
+OLD=$(leader); OLD_PID=$(relay_pid2)
+[[ -n $OLD_PID ]] || { echo "no relay process of $NODE2"; false; }
 cut_rule=(OUTPUT -o lo -p tcp --dport "$HOST_PORT" -j DROP)
 heal() { in2 iptables -D "${cut_rule[@]}" 2>/dev/null || true; }
 trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; heal; thaw; kh get pods -A -o wide; kh -n csi-relay get lease' ERR
@@ -262,15 +271,16 @@ in2 iptables -A "${cut_rule[@]}"
 T_CUT=$(now); CUT_ISO=$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)
 DEADLINE_ISO=$(date -u -d "@$(awk -v t="$T_CUT" 'BEGIN{printf "%.6f", t+7}')" +%Y-%m-%dT%H:%M:%S.%6NZ)
 # Claims keep coming while it is cut, as they would.
-load 16 300
-waitfor 30 "the cut leader $OLD stepping down" sh -c "[ \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pod $OLD -o jsonpath='{.status.containerStatuses[?(@.name==\"csi-relay\")].restartCount}')\" -gt $RESTARTS ]"
-T_DOWN=$(now)
+load 16 300 & LOADER=$!
+T_DOWN=$(exited_by "$OLD_PID" 30) || { echo "the cut leader's relay (pid $OLD_PID) still runs"; false; }
+wait $LOADER
+LAST=$(sed -n 's/^ha-\([0-9]*\) .*/\1/p' "$HA/created" | sort -n | tail -1)
 all_running 300 "$LAST" 120
 T_ALL=$(now)
 watch_stop
 NEW=$(leader)
 [[ $NEW != "$OLD" ]] || { echo "the cut pod $OLD still leads"; false; }
-first_b=$(awk -v k="$T_CUT" '$2>k {print $2}' "$HA/bound" | sort -n | head -1)
+TOOK4=$(secs "$T_CUT" "$(date -d "$(kh -n csi-relay get lease relay-csi-dev-controller -o jsonpath='{.spec.acquireTime}')" +%s.%N)")
 late=$(python3 - "$DEADLINE_ISO" "$OLD" "$AUDIT_MEMBER" <<'EOF'
 import json, sys
 deadline, pod = sys.argv[1], sys.argv[2]
@@ -299,8 +309,8 @@ EOF
 )
 heal
 trap 'ts "FAIL at line $LINENO: $BASH_COMMAND"; thaw; kh get pods -A -o wide; kh -n csi-relay get lease' ERR
-pass "node 2 cut from the host API while $OLD led: it stepped down $(secs "$T_CUT" "$T_DOWN")s after the cut; $NEW served the first claim $(secs "$T_CUT" "$first_b")s after it, $((LAST-299)) claims Running after $(secs "$T_CUT" "$T_ALL")s; member audit: $before writes by the cut leader after the cut, none after its renew deadline (cut + 7 s)"
-echo "case4 stepped_down=$(secs "$T_CUT" "$T_DOWN") first_bound=$(secs "$T_CUT" "$first_b") member_writes_after_cut=$before" >> "$HA/figures"
+pass "node 2 cut from the host API while $OLD led: it stepped down $(secs "$T_CUT" "$T_DOWN")s after the cut; $NEW took the Lease ${TOOK4}s after it, $((LAST-299)) claims Running after $(secs "$T_CUT" "$T_ALL")s; member audit: $before writes by the cut leader after the cut, none after its renew deadline (cut + 7 s)"
+echo "case4 stepped_down=$(secs "$T_CUT" "$T_DOWN") took_lease=$TOOK4 member_writes_after_cut=$before" >> "$HA/figures"
 clean
 fi
 kh delete ns "$NS" --wait=false > /dev/null
