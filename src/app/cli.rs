@@ -52,9 +52,10 @@ pub struct ServeArgs {
     )]
     pub endpoint: Endpoint,
 
-    /// A second endpoint serving only the Identity service (Probe), from
-    /// start to stop. With `--leader-election` the main endpoint exists only
-    /// while this replica leads, so a standby's sidecars never elect
+    /// A second endpoint serving only the Identity service, whose Probe says
+    /// whether the process is healthy, leading or not. With
+    /// `--leader-election` a standby answers Probe "not ready" on the main
+    /// endpoint, so the sidecars beside it wait instead of electing
     /// themselves; the liveness probe asks here, and a standby stays alive.
     #[arg(long, value_name = "ENDPOINT")]
     pub probe_endpoint: Option<Endpoint>,
