@@ -37,28 +37,7 @@ const LEASE: Duration = Duration::from_secs(10);
 const BOUGHT: Duration = Duration::from_secs(7);
 
 async fn start(env: &e2e_support::Env, name: &str, host_kubeconfig: &str) -> common::Driver {
-    let member_arg = format!("e2e={}", env.relay_member_kubeconfig);
-    common::Driver::start_standby(
-        name,
-        &[
-            "--mode",
-            "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            host_kubeconfig,
-            "--leader-election",
-            "--leader-election-namespace",
-            "default",
-            "--leader-election-lease-seconds",
-            "10",
-            "--driver-name",
-            DRIVER,
-        ],
-    )
-    .await
+    e2e_support::start_elected_relay(env, name, host_kubeconfig, DRIVER).await
 }
 
 /// The answer to a harmless controller call: a volume that does not exist.

@@ -25,26 +25,7 @@ const DRIVER: &str = "leader-scale.e2e.relay.csi.dev";
 const COPY_LABEL: &str = "e2e.relay.csi.dev/leader-scale";
 
 async fn start(env: &e2e_support::Env, name: &str) -> common::Driver {
-    let member_arg = format!("e2e={}", env.relay_member_kubeconfig);
-    common::Driver::start_standby(
-        name,
-        &[
-            "--mode",
-            "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member_arg,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
-            "--leader-election",
-            "--leader-election-namespace",
-            "default",
-            "--driver-name",
-            DRIVER,
-        ],
-    )
-    .await
+    e2e_support::start_elected_relay(env, name, &env.host_kubeconfig, DRIVER).await
 }
 
 /// `rv` under volume id `id`: every mention of the original id replaced

@@ -328,23 +328,25 @@ fn spawn(socket: &Path, state_dir: &Path, extra: &[String]) -> Child {
         .expect("spawn csi-relay")
 }
 
+/// One attempt to open a channel to the unix socket `socket`.
+async fn dial(socket: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = socket.to_path_buf();
+    Endpoint::try_from("http://[::]:50051")
+        .expect("endpoint")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+}
+
 /// A channel to `socket` once it accepts, ready or not.
 pub async fn channel_to(socket: &Path) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let path = socket.to_path_buf();
-        let attempt = Endpoint::try_from("http://[::]:50051")
-            .expect("endpoint")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await;
-        match attempt {
+        match dial(socket).await {
             Ok(channel) => return channel,
             Err(e) if Instant::now() > deadline => panic!("connect {}: {e}", socket.display()),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -358,19 +360,7 @@ pub async fn connect(socket: &Path) -> Channel {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if socket.exists() {
-            let path = socket.to_path_buf();
-            let attempt = Endpoint::try_from("http://[::]:50051")
-                .expect("endpoint")
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(TokioIo::new(
-                            tokio::net::UnixStream::connect(path).await?,
-                        ))
-                    }
-                }))
-                .await;
-            if let Ok(channel) = attempt {
+            if let Ok(channel) = dial(socket).await {
                 // As a CO does: calls start once Probe says ready (the node
                 // reconciles its volumes first).
                 let mut identity = IdentityClient::new(channel.clone());

@@ -51,16 +51,15 @@ impl AuditLogs {
         )
     }
 
-    /// Requests since `mark` whose user agent starts with `agent`, by
-    /// "cluster verb resource[/subresource]".
-    pub fn count_since(&self, mark: &Mark, agent: &str) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
+    /// Every event logged since `mark`, with its cluster.
+    fn events_since(&self, mark: &Mark) -> Vec<(&'static str, serde_json::Value)> {
+        let mut out = Vec::new();
         for ((cluster, path), (file, from)) in self.logs.iter().zip(&mark.0) {
             let now = std::fs::metadata(path).map_or(0, |m| m.ino());
             assert_eq!(
                 now,
                 *file,
-                "{} was rotated since the mark: its count would miss requests",
+                "{} was rotated since the mark: requests would be missed",
                 path.display()
             );
             let mut text = String::new();
@@ -71,22 +70,31 @@ impl AuditLogs {
             if let Err(e) = read {
                 panic!("read {}: {e}", path.display());
             }
-            for line in text.lines() {
-                let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-                    continue;
-                };
-                if !event["userAgent"].as_str().unwrap_or("").starts_with(agent) {
-                    continue;
-                }
-                let verb = event["verb"].as_str().unwrap_or("?");
-                let object = &event["objectRef"];
-                let mut resource = object["resource"].as_str().unwrap_or("-").to_string();
-                if let Some(sub) = object["subresource"].as_str() {
-                    resource = format!("{resource}/{sub}");
-                }
-                *out.entry(format!("{cluster} {verb} {resource}"))
-                    .or_default() += 1;
+            out.extend(
+                text.lines()
+                    .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                    .map(|event| (*cluster, event)),
+            );
+        }
+        out
+    }
+
+    /// Requests since `mark` whose user agent starts with `agent`, by
+    /// "cluster verb resource[/subresource]".
+    pub fn count_since(&self, mark: &Mark, agent: &str) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for (cluster, event) in self.events_since(mark) {
+            if !event["userAgent"].as_str().unwrap_or("").starts_with(agent) {
+                continue;
             }
+            let verb = event["verb"].as_str().unwrap_or("?");
+            let object = &event["objectRef"];
+            let mut resource = object["resource"].as_str().unwrap_or("-").to_string();
+            if let Some(sub) = object["subresource"].as_str() {
+                resource = format!("{resource}/{sub}");
+            }
+            *out.entry(format!("{cluster} {verb} {resource}"))
+                .or_default() += 1;
         }
         out
     }
@@ -106,46 +114,30 @@ impl AuditLogs {
     /// The writes (every verb but get, list, watch) received since `mark`
     /// whose user agent contains `agent`.
     pub fn writes_since(&self, mark: &Mark, agent: &str) -> Vec<Write> {
-        let mut out = Vec::new();
-        for ((cluster, path), (_, from)) in self.logs.iter().zip(&mark.0) {
-            let mut text = String::new();
-            let read = std::fs::File::open(path).and_then(|mut f| {
-                f.seek(SeekFrom::Start(*from))?;
-                f.read_to_string(&mut text)
-            });
-            if let Err(e) = read {
-                panic!("read {}: {e}", path.display());
-            }
-            for line in text.lines() {
-                let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
-                    continue;
-                };
-                let verb = event["verb"].as_str().unwrap_or("?");
-                if matches!(verb, "get" | "list" | "watch")
-                    || !event["userAgent"].as_str().unwrap_or("").contains(agent)
-                {
-                    continue;
-                }
-                let Some(received) = event["requestReceivedTimestamp"]
-                    .as_str()
-                    .and_then(|t| t.parse().ok())
-                else {
-                    continue;
-                };
+        self.events_since(mark)
+            .into_iter()
+            .filter(|(_, event)| {
+                !matches!(
+                    event["verb"].as_str().unwrap_or("?"),
+                    "get" | "list" | "watch"
+                ) && event["userAgent"].as_str().unwrap_or("").contains(agent)
+            })
+            .filter_map(|(cluster, event)| {
+                let received = event["requestReceivedTimestamp"].as_str()?.parse().ok()?;
                 let object = &event["objectRef"];
-                out.push(Write {
+                Some(Write {
                     cluster,
                     what: format!(
-                        "{verb} {} {}",
+                        "{} {} {}",
+                        event["verb"].as_str().unwrap_or("?"),
                         object["resource"].as_str().unwrap_or("-"),
                         object["name"].as_str().unwrap_or("-")
                     ),
                     received,
                     code: event["responseStatus"]["code"].as_i64().unwrap_or(0),
-                });
-            }
-        }
-        out
+                })
+            })
+            .collect()
     }
 }
 

@@ -343,6 +343,39 @@ pub async fn start_member_relay(env: &Env, node_id: &str, extra: &[&str]) -> cra
     crate::common::Driver::start_as(node_id, &args).await
 }
 
+/// A controller with `--leader-election` (Leases in `default`) as driver
+/// `driver`, its host reached through `host_kubeconfig`; it may stand by
+/// (see `Driver::start_standby`).
+pub async fn start_elected_relay(
+    env: &Env,
+    node_id: &str,
+    host_kubeconfig: &str,
+    driver: &str,
+) -> crate::common::Driver {
+    let member_arg = format!("e2e={}", env.relay_member_kubeconfig);
+    crate::common::Driver::start_standby(
+        node_id,
+        &[
+            "--mode",
+            "controller",
+            "--backend",
+            "member",
+            "--member",
+            &member_arg,
+            "--host-kubeconfig",
+            host_kubeconfig,
+            "--leader-election",
+            "--leader-election-namespace",
+            "default",
+            "--leader-election-lease-seconds",
+            "10",
+            "--driver-name",
+            driver,
+        ],
+    )
+    .await
+}
+
 /// kubelet's plugins dir as the relay sees it: `driver`'s node plugin
 /// socket at `<dir>/<driver>/csi.sock`.
 pub fn plugins_dir(driver: &str, sock: &str) -> tempfile::TempDir {
