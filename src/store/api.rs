@@ -654,4 +654,31 @@ mod tests {
         assert_eq!(p3.items.len(), 1);
         assert!(p3.next.is_none());
     }
+
+    #[test]
+    fn a_discarded_store_opens_empty_and_a_missing_one_is_no_error() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            store.put_volume(&vol("v1", "n1")).unwrap();
+            store.checkpoint().unwrap();
+        }
+        Store::discard(dir.path()).unwrap();
+        assert!(!dir.path().join("state.redb").exists());
+        assert!(!dir.path().join("state.wal").exists());
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.volume("v1").unwrap().is_none());
+        drop(store);
+        Store::discard(dir.path()).unwrap();
+        Store::discard(&dir.path().join("nowhere")).unwrap();
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_removed_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the database file would be: not removable as
+        // a file, and said so instead of opening a stale store.
+        std::fs::create_dir(dir.path().join("state.redb")).unwrap();
+        assert!(Store::discard(dir.path()).is_err());
+    }
 }
