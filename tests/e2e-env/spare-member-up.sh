@@ -5,7 +5,11 @@
 #     controller-manager +3), kubeconfig $E2E_HOME/run/$SPARE_MEMBER.kubeconfig;
 #   - a bare hostpath driver (hostpath.csi.k8s.io, node $SPARE_MEMBER-node-1,
 #     no attach) with its provisioner, its CSIDriver and the StorageClass
-#     "$SPARE_MEMBER-hostpath" (Immediate, Delete);
+#     "$SPARE_MEMBER-hostpath" (Immediate, Delete); the Node and CSINode
+#     $SPARE_MEMBER-node-1 as the driver's registrar would leave them (no
+#     kubelet): external-provisioner v5+ always asks for topology of a driver
+#     that reports it, and refuses every claim ("no available topology
+#     found") while no node lists the driver;
 #   - deploy/member with its admission policy, and the relay's identity there as
 #     $E2E_HOME/run/$SPARE_MEMBER-relay.kubeconfig (member-identity.sh).
 # Processes recorded in RUN_DIR/$SPARE_MEMBER/pids, logs in RUN_DIR/logs.
@@ -40,6 +44,19 @@ kind: CSIDriver
 metadata: {name: hostpath.csi.k8s.io}
 spec: {attachRequired: false, podInfoOnMount: false, volumeLifecycleModes: [Persistent]}
 ---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $NAME-node-1
+  labels: {kubernetes.io/hostname: $NAME-node-1, kubernetes.io/os: linux, topology.hostpath.csi/node: $NAME-node-1}
+---
+apiVersion: storage.k8s.io/v1
+kind: CSINode
+metadata: {name: $NAME-node-1}
+spec:
+  drivers:
+  - {name: hostpath.csi.k8s.io, nodeID: $NAME-node-1, topologyKeys: [topology.hostpath.csi/node]}
+---
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
 metadata: {name: $NAME-hostpath}
@@ -47,6 +64,9 @@ provisioner: hostpath.csi.k8s.io
 volumeBindingMode: Immediate
 reclaimPolicy: Delete
 YAML
+now=$(date -u +%FT%TZ)
+kubectl --kubeconfig "$KC" patch node "$NAME-node-1" --subresource=status --type=merge -p \
+  '{"status":{"conditions":[{"type":"Ready","status":"True","reason":"E2EFakeNode","message":"fake node (no kubelet)","lastHeartbeatTime":"'$now'","lastTransitionTime":"'$now'"}]}}' > /dev/null
 waitfor 60 "$NAME default ServiceAccount" kubectl --kubeconfig "$KC" -n default get sa default
 "$HERE/member-identity.sh" "$KC" "$E2E_HOME/run/$NAME-relay.kubeconfig" "$NAME" > "$RUN/logs/$NAME-identity.log" 2>&1 ||
   { cat "$RUN/logs/$NAME-identity.log" >&2; false; }

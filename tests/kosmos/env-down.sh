@@ -11,6 +11,7 @@ source "$E2E_HOME/run/env/env.sh"
 source "$HERE/settings.sh"
 [[ -d $RUN ]] || exit 0
 rc=0
+"$HERE/demo-down.sh" "$RUN" || rc=1
 stop_all() { # stop_all LAB: every process recorded in LAB/pids, newest first
   local lab=$1 f
   for f in $(ls -t "$lab"/pids/*.pid 2>/dev/null); do

@@ -13,3 +13,11 @@ M2_CLASS=member2-hostpath
 FAKE_TAINT=relay.csi.dev/e2e-fake-node=true:NoSchedule
 kh() { kubectl --kubeconfig "$HOST_KUBECONFIG" "$@"; }
 km() { kubectl --kubeconfig "$MEMBER_KUBECONFIG" "$@"; }
+# The seed's demo (demo-up.sh): member1's non-CSI classes, a host kubelet node standing for member-kl-1.
+OPENEBS_CLASS=openebs-hostpath        # openebs dynamic-localpv-provisioner (local PVs)
+LOCAL_PATH_CLASS=local-path           # rancher local-path-provisioner (hostPath PVs)
+LOCAL_PATH_HEALTH_PORT=19478          # its health port (its default, 8080, is too common)
+DEMO_NODE=demo-kl-1                   # real kubelet node in the HOST cluster, mapped to member1/member-kl-1
+DEMO_KL_PORT=10370                    # its https port (+1: healthz)
+DEMO_SCHED_PORT=19477                 # host kube-scheduler
+DEMO_CTRD_STATE=/run/kosmos-demo-containerd

@@ -33,6 +33,7 @@ mod leader_e2e;
 mod leader_scale_e2e;
 mod least_privilege_e2e;
 mod lost_member_e2e;
+mod member_classes_e2e;
 mod member_e2e;
 mod member_provisioning_e2e;
 mod member_scale_e2e;
