@@ -131,9 +131,8 @@ km patch node $MEMBER_NODE --subresource=status --type=merge -p "$ready_patch" >
 ts "member objects created (CSIDriver, Node+CSINode $MEMBER_NODE, SC member-hostpath, member-hostpath-wffc)"
 
 # ---------------- 4. member: sidecars ----------------
-# external-provisioner v3.4.1: feature gate Topology is GA but off by default (and hidden from --help);
-# without it CreateVolume gets no accessibility_requirements and PVs no nodeAffinity. hostpath has
-# VOLUME_ACCESSIBILITY_CONSTRAINTS, so it is on.
+# Topology: on by default from external-provisioner v5 for a driver with VOLUME_ACCESSIBILITY_CONSTRAINTS
+# (hostpath has it), off by default before (v3.4.1, the oldest set); said either way, as deploy/ says it.
 PROV_EXTRA=(--feature-gates=Topology=true)
 e2e_start member-csi-provisioner $BIN/csi-provisioner \
   --csi-address=$SOCK --kubeconfig=$MEMBER_KC --leader-election=false -v=${SIDECAR_V:-3} "${PROV_EXTRA[@]}"

@@ -108,14 +108,17 @@ ctr -a "$KL_CONTAINERD_SOCK" -n k8s.io images ls -q > "$RUN/logs/images.txt" 2>/
 ts "imported $n image tarball(s) from $IMAGES_DIR ($(wc -l < "$RUN/logs/images.txt") image refs)"
 
 # ---- snapshot CRDs + snapshot-controller (when built)
-SNAP=0
+SNAP=0 GROUP_GATE=""
 if [[ -x $B/csi-snapshotter && -x $B/snapshot-controller && -d $SNAPSHOT_CRDS ]]; then
   SNAP=1
   kh apply -f "$SNAPSHOT_CRDS" > /dev/null
   kh wait --for=condition=Established crd volumesnapshots.snapshot.storage.k8s.io \
     volumesnapshotclasses.snapshot.storage.k8s.io volumesnapshotcontents.snapshot.storage.k8s.io --timeout=60s > /dev/null
+  # Group snapshots too (group-snapshots.sh): the gate on here and on the
+  # relays' csi-snapshotters, its CRDs in snapshot-crds/.
+  GROUP_GATE=--feature-gates=CSIVolumeGroupSnapshot=true
   lab kl_start snapshot-controller "$LAB/logs/snapshot-controller.log" "$B/snapshot-controller" \
-    --kubeconfig="$HOST_KUBECONFIG" --leader-election=false -v=3
+    --kubeconfig="$HOST_KUBECONFIG" --leader-election=false -v=3 $GROUP_GATE
 fi
 
 # ---- csi-relay (local backend) + sidecars
@@ -139,7 +142,7 @@ NAMESPACE=kube-system lab kl_start relay-provisioner "$LAB/logs/relay-provisione
   --feature-gates=Topology=true --extra-create-metadata "${CAP_ARGS[@]}"
 lab kl_start relay-attacher "$LAB/logs/relay-attacher.log" "$B/csi-attacher" "${SC[@]}"
 lab kl_start relay-resizer "$LAB/logs/relay-resizer.log" "$B/csi-resizer" "${SC[@]}"
-((SNAP)) && lab kl_start relay-snapshotter "$LAB/logs/relay-snapshotter.log" "$B/csi-snapshotter" "${SC[@]}"
+((SNAP)) && lab kl_start relay-snapshotter "$LAB/logs/relay-snapshotter.log" "$B/csi-snapshotter" "${SC[@]}" $GROUP_GATE
 
 # deploy/csidriver.yaml's spec (attach, pod info, fsGroup File, Persistent + Ephemeral) (+ storageCapacity with CAPACITY=1):
 # the spec every e2e test installs (e2e_support::install_csidriver), since most of it is immutable.

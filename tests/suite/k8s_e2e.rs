@@ -15,6 +15,8 @@
 //! - `restarts.sh`: csi-relay and then the kubelet killed with SIGKILL under
 //!   running pods and started again; pods keep their volumes, teardown is
 //!   clean;
+//! - `group-snapshots.sh`: a VolumeGroupSnapshot of two claims through the
+//!   stock snapshot-controller and csi-snapshotter, restored and deleted;
 //! - `node-partition.sh`: the member relay's node plugin reaches the member
 //!   through a fault proxy (`NODE_MEMBER_KUBECONFIG`); pods on the kubelet
 //!   node start, write and stop while the proxy black-holes it, and after.
@@ -121,6 +123,7 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
         );
     }
     env.run("restarts.sh");
+    env.run("group-snapshots.sh");
 
     // The node plugin under a partition of its member API, on the real
     // kubelet node.
