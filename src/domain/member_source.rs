@@ -167,24 +167,41 @@ fn pinned_to(
                 })
         })
     };
-    let described = || serde_json::to_string(terms).unwrap_or_else(|_| "(unreadable)".into());
+    // The member nodes the affinity names, for a message that says where
+    // the directory is; the affinity itself when it names none plainly.
+    let holders: Vec<&str> = terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .filter(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
+        .flat_map(|e| e.values.iter().flatten().map(String::as_str))
+        .collect();
+    let on = if holders.is_empty() {
+        format!(
+            "with node affinity {}",
+            serde_json::to_string(terms).unwrap_or_else(|_| "(unreadable)".into())
+        )
+    } else {
+        format!("on the disk of member node {}", holders.join(" or "))
+    };
+    let label = crate::domain::topology::TOPOLOGY_MEMBER_NODE_KEY;
+    let fix = match holders.as_slice() {
+        [one] => format!("run the pod on a host node that stands for {one} (label {label}={one})"),
+        _ => format!("run the pod on a host node that stands for that member node (label {label})"),
+    };
     match member_node {
         Some(node) if names(node) => Ok(()),
         Some(node) => Err(refuse(
             pv,
             member,
             format!(
-                "is a directory on one member node's disk, pinned by its node affinity {} ; the host node stands for member node {node}, which it does not name",
-                described()
+                "is a directory {on}; this host node stands for member node {node}, where it is not: {fix}"
             ),
         )),
         None => Err(refuse(
             pv,
             member,
             format!(
-                "is a directory on one member node's disk (node affinity {}); map the host node to that member node (label {})",
-                described(),
-                crate::domain::topology::TOPOLOGY_MEMBER_NODE_KEY
+                "is a directory {on}; this host node stands for no member node, so it cannot reach it: {fix}"
             ),
         )),
     }
@@ -474,8 +491,25 @@ mod tests {
         ] {
             let err = MemberSource::from_pv("east", &p, node).unwrap_err();
             assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
-            assert!(err.to_string().contains("node affinity"), "{err}");
+            let text = err.to_string();
+            assert!(text.contains("is a directory "), "{text}");
+            assert!(
+                text.contains("run the pod on a host node that stands for"),
+                "{text}"
+            );
         }
+        let err = MemberSource::from_pv(
+            "east",
+            &pinned(host_path.clone(), "worker-2"),
+            Some("worker-1"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "member cluster east: PersistentVolume pv-1 is a directory on the disk of member node worker-2; \
+             this host node stands for member node worker-1, where it is not: run the pod on a host node \
+             that stands for worker-2 (label topology.relay.csi.dev/member-node=worker-2)"
+        );
         let s = MemberSource::from_pv("east", &pinned(host_path, "worker-1"), Some("worker-1"))
             .unwrap();
         let ctx = s.to_context().unwrap();

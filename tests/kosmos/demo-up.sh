@@ -112,6 +112,9 @@ lab kl_start local-path "$D/logs/local-path.log" "$B/local-path-provisioner" sta
 ts "member1: local-path-provisioner, class $LOCAL_PATH_CLASS"
 
 # ---- host: a scheduler and demo-kl-1, which stands for member-kl-1
+# The Kosmos node is Ready; no node lifecycle controller runs here to lift
+# the not-ready taint a new node gets (a scheduler would keep pods off it).
+kh taint node kosmos-member1 node.kubernetes.io/not-ready:NoSchedule- > /dev/null 2>&1 || true
 export BIN_DIR=$B
 "$KL/kube-scheduler-up.sh" "$HOST_KUBECONFIG" $DEMO_SCHED_PORT "$D/lab" > "$D/logs/scheduler-up.log" 2>&1
 # A second kubelet on this machine: pod log dirs of its own (POD_LOG_DIR).
@@ -124,7 +127,8 @@ kh label node $DEMO_NODE --overwrite topology.relay.csi.dev/member=member1 \
 # (--plugins-dir): this machine is that node's.
 mkdir -p "$D/member-plugins/$KL_DRIVER"
 ln -sfn "$RUN/lab/kubelet/plugins/$KL_DRIVER/csi.sock" "$D/member-plugins/$KL_DRIVER/csi.sock"
-source "$D/lab/node.env"
+MEMBER_NODE=$KL_NODE
+source "$D/lab/node.env"   # KL_* of the host node from here on
 cat > "$D/env.sh" <<ENV
 export RELAY_DEMO_NODE=$DEMO_NODE
 export RELAY_DEMO_PLUGINS_DIR=$KL_PLUGINS_DIR
@@ -132,4 +136,4 @@ export RELAY_DEMO_REGISTRATION_DIR=$KL_REGISTRATION_DIR
 export RELAY_DEMO_MEMBER_PLUGINS=$D/member-plugins
 export RELAY_DEMO_DISK=$D/disk
 ENV
-ts "host: scheduler, kubelet node $DEMO_NODE for member1/$KL_NODE; demo up"
+ts "host: scheduler, kubelet node $DEMO_NODE for member1/$MEMBER_NODE; demo up"

@@ -731,9 +731,9 @@ async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
     for (class, ns, _, _) in &pinned {
         let error = ctx.attach_error(ns).await;
         assert!(
-            error.contains("is a directory on one member node's disk")
-                && error.contains(MEMBER_NODE)
-                && error.contains(&format!("stands for member node {OTHER_MEMBER_NODE}")),
+            error.contains(&format!(
+                "is a directory on the disk of member node {MEMBER_NODE}; this host node stands for member node {OTHER_MEMBER_NODE}, where it is not"
+            )) && error.contains(&format!("{MEMBER_NODE_LABEL}={MEMBER_NODE}")),
             "{}: {error}",
             class.member_class
         );
