@@ -438,10 +438,11 @@ impl LeaseHold {
 pub enum Handover {
     /// Nothing: free, or held by this pod already.
     Leave,
-    /// Clear the holder: the provisioner elects under an identity of its
-    /// own making, which the relay cannot name; freed, it is taken at the
-    /// first try of whichever provisioner asks, and only this pod's can ask
-    /// (the others wait in their Probe loop).
+    /// Clear the holder: external-provisioner before v6.3 elects under an
+    /// identity of its own making (`<ms>-<random>-<driver>`), which the relay
+    /// cannot name (v6.3 elects through csi-lib-utils, under the pod's name);
+    /// freed, it is taken at the first try of whichever provisioner asks,
+    /// and only this pod's can ask (the others wait in their Probe loop).
     Free,
     /// Name this pod as the holder: csi-lib-utils elects under the pod's
     /// name, so this pod's sidecar takes the record for its own and renews
