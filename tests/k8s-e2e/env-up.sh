@@ -79,6 +79,11 @@ fi
 
 # ---- nodes: the fake host-node-1 gets nothing scheduled; scheduler; kubelet
 kh taint node "$HOST_REAL_NODE" $FAKE_TAINT --overwrite > /dev/null
+# The env's fake nodes have no kubelet: a CSINode of theirs is one an earlier
+# test's registrar made (a relay's virtual-node registrar on vnode-member).
+# The provisioner publishes capacity for every node listing the driver, and
+# the capacity spec finds such an extra object: they go.
+kh delete csinode "$HOST_REAL_NODE" "$HOST_VIRTUAL_NODE" --ignore-not-found > /dev/null
 export BIN_DIR=$B
 "$KL/kube-scheduler-up.sh" "$HOST_KUBECONFIG" $SCHED_PORT "$LAB" > "$RUN/logs/scheduler-up.log" 2>&1
 node_up() {

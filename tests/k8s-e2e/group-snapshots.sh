@@ -141,6 +141,7 @@ else
 fi
 for c in a b; do
   s=$(snap_of $c)
+  [[ -n $s ]] || { fail "no member VolumeSnapshot of claim $c to look at"; continue; }
   if kn get volumesnapshot "$s" -o jsonpath='{.metadata.finalizers}' | grep -q "$SOURCE_FINALIZER"; then
     fail "VolumeSnapshot $s keeps $SOURCE_FINALIZER after its restore is Bound"
   else

@@ -15,7 +15,7 @@
 //! - `restarts.sh`: csi-relay and then the kubelet killed with SIGKILL under
 //!   running pods and started again; pods keep their volumes, teardown is
 //!   clean;
-//! - `group-snapshots.sh`: a VolumeGroupSnapshot of two claims through the
+//! - `group-snapshots.sh` (before the restarts): a VolumeGroupSnapshot of two claims through the
 //!   stock snapshot-controller and csi-snapshotter, restored and deleted;
 //! - `node-partition.sh`: the member relay's node plugin reaches the member
 //!   through a fault proxy (`NODE_MEMBER_KUBECONFIG`); pods on the kubelet
@@ -122,8 +122,11 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
             "no results from the suite ({driver}, {mode}):\n{summary}"
         );
     }
-    env.run("restarts.sh");
+    // Before restarts.sh: a sidecar finds the relay it was connected to
+    // gone only at its next call, and exits then (the snapshotter makes
+    // none in restarts.sh, which restarts the sidecars that exited).
     env.run("group-snapshots.sh");
+    env.run("restarts.sh");
 
     // The node plugin under a partition of its member API, on the real
     // kubelet node.
