@@ -26,10 +26,13 @@ done
 [[ -x $E2E_HOME/bin/kube-apiserver ]] || { echo "skipped: no $E2E_HOME/bin/kube-apiserver" >&2; exit 2; }
 
 # An E2E_HOME of links: $E2E_HOME's, the oldest set over it; its own run/.
-H=$(mktemp -d /tmp/relay-oldest.XXXXXX)
+# Hard links: the scripts stop what they started only if /proc/PID/exe is
+# the path they ran (a symlink resolves elsewhere); hence inside $E2E_HOME,
+# on its filesystem.
+H=$(mktemp -d "$E2E_HOME/.oldest-run.XXXXXX")
 mkdir "$H/bin"
-ln -s "$E2E_HOME"/bin/* "$H/bin/"
-ln -sfn "$OLD"/bin/* "$H/bin/"
+ln "$E2E_HOME"/bin/* "$H/bin/"
+ln -f "$OLD"/bin/* "$H/bin/"
 for d in images kosmos-crds; do [[ -e $E2E_HOME/$d ]] && ln -s "$E2E_HOME/$d" "$H/$d"; done
 ln -s "$OLD/snapshot-crds" "$H/snapshot-crds"
 down() {
@@ -50,8 +53,9 @@ export RELAY_KOSMOS_RACES=${RELAY_KOSMOS_RACES:-30}
 start=$(date +%s)
 filters=("$@")
 ((${#filters[@]})) || filters=(member_e2e kosmos_e2e member_classes_e2e)
+LOG=${OLDEST_LOG:-$(mktemp /tmp/relay-oldest-test.XXXXXX.log)}
 cargo test --locked --test suite -- "${filters[@]}" --nocapture 2>&1 |
-  tee "$H/run/test.log" | grep -E '^(test |figure:|skipped|test result)'
+  tee "$LOG" | grep --line-buffered -E "^(test |figure:|skipped|test result)|panicked at"
 rc=${PIPESTATUS[0]}
-echo "oldest sidecar set: cargo test exit $rc in $(( $(date +%s) - start )) s"
+echo "oldest sidecar set: cargo test exit $rc in $(( $(date +%s) - start )) s; the whole output: $LOG"
 exit "$rc"

@@ -449,16 +449,44 @@ impl Ctx {
             .expect("map the host node");
     }
 
-    /// The attach error of the VolumeAttachment of `ns/data`'s PV on the
-    /// host node.
-    async fn attach_error(&self, ns: &str) -> String {
-        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.host.clone(), ns);
-        let pv = claims
+    /// The host PV of `ns/data`.
+    async fn host_pv(&self, ns: &str) -> String {
+        Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
             .get("data")
             .await
             .ok()
             .and_then(|c| c.spec?.volume_name)
-            .expect("the host claim's PV");
+            .expect("the host claim's PV")
+    }
+
+    /// Until the host's attach/detach controller has detached `ns/data`
+    /// from the host node (its VolumeAttachment gone): a pod started before
+    /// would reuse the attachment and never ask the relay again.
+    async fn detached(&self, ns: &str) {
+        let pv = self.host_pv(ns).await;
+        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
+        eventually(
+            &format!("{ns}/data detached from {HOST_NODE}"),
+            WAIT,
+            || {
+                let (vas, pv) = (vas.clone(), pv.clone());
+                async move {
+                    let list = vas.list(&ListParams::default()).await.ok()?;
+                    (!list.items.iter().any(|va| {
+                        va.spec.node_name == HOST_NODE
+                            && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
+                    }))
+                    .then_some(())
+                }
+            },
+        )
+        .await;
+    }
+
+    /// The attach error of the VolumeAttachment of `ns/data`'s PV on the
+    /// host node.
+    async fn attach_error(&self, ns: &str) -> String {
+        let pv = self.host_pv(ns).await;
         let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
         eventually(&format!("the attach error of {ns}/data"), WAIT, || {
             let (vas, pv) = (vas.clone(), pv.clone());
@@ -720,6 +748,7 @@ async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
     }
     for (_, ns, _, _) in &pinned {
         ctx.pods_gone(&host, ns, false).await;
+        ctx.detached(ns).await;
     }
 
     // Mapped to a member node that does not hold the directory: refused,
