@@ -113,6 +113,16 @@ pub async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value
         },
     )
     .await;
+    // What the kubelet and node-driver-registrar make of the node plugin's
+    // NodeGetInfo: the node's own topology segment (and its member's, when
+    // labelled) as labels and as the CSINode entry's keys. external-provisioner
+    // v5+ asks for topology of a driver that has it, and finds none without.
+    let mut labels = labels;
+    labels["topology.relay.csi.dev/node"] = serde_json::json!(name);
+    let mut keys = vec!["topology.relay.csi.dev/node"];
+    if labels.get("topology.relay.csi.dev/member").is_some() {
+        keys.insert(0, "topology.relay.csi.dev/member");
+    }
     let node: Node = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "labels": labels,
                      "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true"}},
@@ -135,7 +145,7 @@ pub async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value
     let csinode: CSINode = serde_json::from_value(serde_json::json!({
         "metadata": {"name": name, "ownerReferences": [{"apiVersion": "v1", "kind": "Node",
             "name": name, "uid": node.metadata.uid}]},
-        "spec": {"drivers": [{"name": "relay.csi.dev", "nodeID": name}]}
+        "spec": {"drivers": [{"name": "relay.csi.dev", "nodeID": name, "topologyKeys": keys}]}
     }))
     .expect("CSINode manifest");
     eventually("the node's CSINode", Duration::from_secs(30), || {
