@@ -32,15 +32,13 @@ use std::time::{Duration, Instant};
 
 use csi_relay::domain::quantity::parse_bytes;
 use csi_relay::k8s::relay_volume::RelayVolume;
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{client, eventually, ScriptedEnv, Sidecar};
+use e2e_support::{apply, client, eventually, ScriptedEnv, Sidecar};
 
 const DRIVER: &str = "relay.csi.dev";
 /// The busybox image the kubelet scripts import (Kosmos copies the name).
@@ -86,19 +84,6 @@ fn member_storage(kosmos: &ScriptedEnv) -> PathBuf {
     kosmos.run.path().join("lab/csi/hostpath-state")
 }
 
-async fn apply<K>(api: &Api<K>, name: &str, object: Value)
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(
-        name,
-        &PatchParams::apply("csi-relay-e2e").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
-}
-
 fn host_class(name: &str, member: &str, member_class: &str) -> Value {
     json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": name},
            "provisioner": DRIVER, "volumeBindingMode": "Immediate", "allowVolumeExpansion": true,
@@ -123,19 +108,7 @@ impl Ctx {
     /// ServiceAccount exists).
     async fn namespace(&self, name: &str) -> String {
         let ns = format!("{name}-{}", self.tag);
-        Api::<Namespace>::all(self.host.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
-            )
-            .await
-            .expect("create namespace");
-        let sas: Api<ServiceAccount> = Api::namespaced(self.host.clone(), &ns);
-        eventually("the namespace's default ServiceAccount", WAIT, || {
-            let sas = sas.clone();
-            async move { sas.get_opt("default").await.ok().flatten() }
-        })
-        .await;
+        e2e_support::admitting_namespace(&self.host, &ns).await;
         ns
     }
 

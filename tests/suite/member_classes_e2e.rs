@@ -36,15 +36,13 @@ use std::time::{Duration, Instant};
 
 use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{
-    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{client, eventually, ScriptedEnv, Sidecar};
+use e2e_support::{apply, client, eventually, ScriptedEnv, Sidecar};
 
 const DRIVER: &str = "relay.csi.dev";
 /// The busybox image the kubelet scripts import on every node.
@@ -136,19 +134,7 @@ fn deployment(node: &str, token: &str) -> Value {
 impl Ctx {
     async fn namespace(&self, name: &str) -> String {
         let ns = format!("{name}-{}", self.tag);
-        Api::<Namespace>::all(self.host.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
-            )
-            .await
-            .expect("create namespace");
-        let sas: Api<ServiceAccount> = Api::namespaced(self.host.clone(), &ns);
-        eventually("the namespace's default ServiceAccount", WAIT, || {
-            let sas = sas.clone();
-            async move { sas.get_opt("default").await.ok().flatten() }
-        })
-        .await;
+        e2e_support::admitting_namespace(&self.host, &ns).await;
         ns
     }
 
@@ -318,18 +304,7 @@ impl Ctx {
         if on_kosmos {
             self.pods_gone(&self.member, ns, true).await;
         }
-        let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
-        eventually(&format!("no host pod of {ns}/app"), WAIT, || {
-            let pods = host_pods.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels("app=demo"))
-                    .await
-                    .ok()?;
-                list.items.is_empty().then_some(())
-            }
-        })
-        .await;
+        self.pods_gone(&self.host, ns, false).await;
         let host_claims: Api<PersistentVolumeClaim> = Api::namespaced(self.host.clone(), ns);
         host_claims
             .delete("data", &DeleteParams::default())
@@ -531,19 +506,6 @@ impl Ctx {
             }
         }
     }
-}
-
-async fn apply<K>(api: &Api<K>, name: &str, object: Value)
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(
-        name,
-        &PatchParams::apply("csi-relay-e2e").force(),
-        &Patch::Apply(&object),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
 }
 
 /// Until `node`'s CSINode lists the relay with the member topology key.

@@ -155,6 +155,45 @@ pub async fn fake_host_node(host: &Client, name: &str, labels: serde_json::Value
     .await;
 }
 
+/// Creates the host namespace `ns` and waits until its pods are admitted
+/// (its default ServiceAccount exists).
+pub async fn admitting_namespace(host: &Client, ns: &str) {
+    use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+    use kube::api::PostParams;
+    Api::<Namespace>::all(host.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": ns}}))
+                .expect("namespace"),
+        )
+        .await
+        .expect("create namespace");
+    let sas: Api<ServiceAccount> = Api::namespaced(host.clone(), ns);
+    eventually(
+        "the namespace's default ServiceAccount",
+        Duration::from_secs(180),
+        || {
+            let sas = sas.clone();
+            async move { sas.get_opt("default").await.ok().flatten() }
+        },
+    )
+    .await;
+}
+
+/// Server-side apply of `object` as object `name`, taking every field.
+pub async fn apply<K>(api: &Api<K>, name: &str, object: serde_json::Value)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("csi-relay-e2e").force(),
+        &Patch::Apply(&object),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+}
+
 /// A host namespace `ns` and an Immediate, Delete StorageClass `class` of
 /// `relay.csi.dev` with `parameters`, as a test's claims use them.
 pub async fn host_namespace_and_class(
