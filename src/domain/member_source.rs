@@ -175,7 +175,9 @@ fn pinned_to(
         .filter(|e| e.key == "kubernetes.io/hostname" && e.operator == "In")
         .flat_map(|e| e.values.iter().flatten().map(String::as_str))
         .collect();
-    let on = if holders.is_empty() {
+    let on = if terms.is_empty() {
+        "on one member node's disk, with no node affinity to say which".to_string()
+    } else if holders.is_empty() {
         format!(
             "with node affinity {}",
             serde_json::to_string(terms).unwrap_or_else(|_| "(unreadable)".into())
@@ -509,6 +511,14 @@ mod tests {
             "member cluster east: PersistentVolume pv-1 is a directory on the disk of member node worker-2; \
              this host node stands for member node worker-1, where it is not: run the pod on a host node \
              that stands for worker-2 (label topology.relay.csi.dev/member-node=worker-2)"
+        );
+        let err = MemberSource::from_pv("east", &pv(host_path.clone()), None).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "is a directory on one member node's disk, with no node affinity to say which; \
+                 this host node stands for no member node"
+            ),
+            "{err}"
         );
         let s = MemberSource::from_pv("east", &pinned(host_path, "worker-1"), Some("worker-1"))
             .unwrap();
