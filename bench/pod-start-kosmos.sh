@@ -44,7 +44,7 @@ trap stop EXIT
 # The relay: deploy/'s CRD, CSIDriver and classes (member class: the
 # member's kl-hostpath), a controller for member1 as its own member
 # identity, registering the virtual nodes' topology, and the stock sidecars.
-kh apply -f "$REPO/deploy/relayvolume-crd.yaml" -f "$REPO/deploy/csidriver.yaml" > /dev/null
+kh apply -f "$REPO/deploy/crds/relayvolume-crd.yaml" -f "$REPO/deploy/csidriver.yaml" > /dev/null
 sed "s/memberStorageClass: standard/memberStorageClass: $KL_CLASS/" "$REPO/deploy/storageclass.yaml" | kh apply -f - > /dev/null
 SOCK=$LAB/relay/csi.sock
 RUST_LOG=${RELAY_LOG:-csi_relay=info} lab kl_start csi-relay "$LAB/logs/csi-relay.log" "$RELAY_BIN" serve \

@@ -38,7 +38,7 @@ use tokio::time::Instant;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::{Attachment, BoundVolume, Claim, Dirty, Key, MemberView, PodUse};
 use crate::k8s::naming;
-use crate::k8s::relay_volume::{apply_body, object_name, RelayNodeStatus, RelayVolume};
+use crate::k8s::relay_volume::{controller_status_body, object_name, RelayNodeStatus, RelayVolume};
 use crate::k8s::watched::{AttachmentObject, ClaimObject, NodeObject, PodObject, VolumeObject};
 use crate::k8s::{CALL_TIMEOUT, FIELD_MANAGER};
 
@@ -662,7 +662,11 @@ async fn report(
     entries: &[RelayNodeStatus],
 ) -> bool {
     let name = object_name(id);
-    let body = apply_body(&name, "status", serde_json::json!({ "nodes": entries }));
+    let body = controller_status_body(
+        &name,
+        serde_json::json!({ "nodes": entries }),
+        crate::rt::fence::fence().term(),
+    );
     // The answer is not read: parsed untyped, an object this build could
     // not read whole still counts as written.
     let api =

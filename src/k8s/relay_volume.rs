@@ -134,6 +134,17 @@ pub struct RelayVolumeStatus {
     /// When that call failed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error_time: Option<String>,
+    /// The leader term of the controller's last status write (every
+    /// controller writer of the status sends it; node plugins do not lead
+    /// and leave it alone). Never goes back: the CRD's rule refuses a
+    /// deposed leader's late status write, as `spec.leaderTerm` does its
+    /// spec write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self >= oldSelf",
+        "message": "status.leaderTerm may not go back: this status write comes from a csi-relay controller that no longer leads (a newer leader has written this volume's status since)"
+    }]))]
+    pub leader_term: Option<i64>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -418,6 +429,22 @@ pub fn apply_body(name: &str, field: &str, value: serde_json::Value) -> serde_js
     })
 }
 
+/// A server-side apply body of a controller's status write: `status` with
+/// the leader term this process writes under, so that the API server
+/// refuses it once a newer leader has written the volume's status
+/// (`RelayVolumeStatus::leader_term`). Every controller writer of the
+/// status goes through here; `term` is the fence's.
+pub fn controller_status_body(
+    name: &str,
+    mut status: serde_json::Value,
+    term: Option<i64>,
+) -> serde_json::Value {
+    if let (Some(term), Some(fields)) = (term, status.as_object_mut()) {
+        fields.insert("leaderTerm".into(), term.into());
+    }
+    apply_body(name, "status", status)
+}
+
 /// Sets (`Some`) or clears (`None`) `status.lastError` of volume `id`'s
 /// object. Its own field manager owns the two fields, so the writers of the
 /// rest never drop them, and applying none removes them; the controller's
@@ -433,7 +460,7 @@ pub async fn apply_last_error(host: &Cluster, id: &str, failure: Option<&str>) -
         }),
         None => serde_json::json!({}),
     };
-    let body = apply_body(&name, "status", status);
+    let body = controller_status_body(&name, status, crate::rt::fence::fence().term());
     // The answer is not read: parsed untyped, an object this build could
     // not read whole still counts as written.
     let api = Api::<kube::api::DynamicObject>::all_with(
@@ -547,7 +574,12 @@ impl RelayVolumeObserver {
         let params = PatchParams::apply(&self.role.field_manager()).force();
         let seen = self.seen(&name);
         let status = status_of(vol, &self.role, seen.as_ref());
-        let mut body = apply_body(&name, "status", encode(&status)?);
+        let mut body = match self.role {
+            Role::Controller { .. } => {
+                controller_status_body(&name, encode(&status)?, crate::rt::fence::fence().term())
+            }
+            Role::Node { .. } => apply_body(&name, "status", encode(&status)?),
+        };
         if let Some(version) = resource_version {
             body["metadata"]["resourceVersion"] = version.into();
         }
@@ -596,10 +628,10 @@ impl RelayVolumeObserver {
     pub async fn release(&self, vol: &Volume, left: &str) -> CsiResult<()> {
         let name = object_name(&vol.id);
         let params = PatchParams::apply(&format!("{FIELD_MANAGER}-release")).force();
-        let status = apply_body(
+        let status = controller_status_body(
             &name,
-            "status",
             serde_json::json!({"phase": RELEASED, "released": left}),
+            crate::rt::fence::fence().term(),
         );
         let shown = self
             .host

@@ -519,7 +519,7 @@ fn the_summary_is_the_furthest_state_any_writer_reported() {
 
 #[test]
 fn deploy_carries_the_crd_the_code_renders() {
-    let shipped = include_str!("../../deploy/relayvolume-crd.yaml");
+    let shipped = include_str!("../../deploy/crds/relayvolume-crd.yaml");
     let body: String = shipped
         .lines()
         .skip_while(|l| l.starts_with('#'))
@@ -529,7 +529,7 @@ fn deploy_carries_the_crd_the_code_renders() {
     assert_eq!(
         body.trim_end(),
         rendered.trim_end(),
-        "deploy/relayvolume-crd.yaml is stale: regenerate it with `csi-relay crd`"
+        "deploy/crds/relayvolume-crd.yaml is stale: regenerate it with `csi-relay crd`"
     );
 }
 
@@ -545,4 +545,31 @@ fn records_are_one_string_and_old_objects_are_read() {
     let back: RelayVolumeSpec = serde_json::from_value(old).unwrap();
     let vol: Volume = serde_json::from_str(&back.record).unwrap();
     assert_eq!(vol.id, VOL_ID);
+}
+
+// Every controller status write carries the term it writes under, beside
+// the fields it sets; without an election there is no term to send.
+#[test]
+fn controller_status_writes_carry_the_leader_term() {
+    let body = controller_status_body("v", serde_json::json!({"lastError": "x"}), Some(7));
+    assert_eq!(body["status"]["leaderTerm"], 7);
+    assert_eq!(body["status"]["lastError"], "x");
+    assert_eq!(body["metadata"]["name"], "v");
+    let none = controller_status_body("v", serde_json::json!({}), None);
+    assert_eq!(none["status"], serde_json::json!({}));
+}
+
+// The CRD holds status.leaderTerm to never going back, as spec.leaderTerm.
+#[test]
+fn the_crd_refuses_a_status_term_that_goes_back() {
+    let crd = serde_json::to_value(RelayVolume::crd()).unwrap();
+    let field = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+        ["properties"]["leaderTerm"];
+    let rules = field["x-kubernetes-validations"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1, "{field}");
+    assert_eq!(rules[0]["rule"], "self >= oldSelf");
+    assert!(rules[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("no longer leads"));
 }

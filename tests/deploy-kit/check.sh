@@ -196,7 +196,7 @@ kh get crd relayvolumes.relay.csi.dev -o json \
   > "$RUN/logs/old-crd.json"
 kh replace -f "$RUN/logs/old-crd.json" > /dev/null
 planted "an old CRD" crd "relayvolumes.relay.csi.dev" "older than this build"
-kh replace -f "$REPO/deploy/relayvolume-crd.yaml" > /dev/null
+kh replace -f "$REPO/deploy/crds/relayvolume-crd.yaml" > /dev/null
 relay_check > /dev/null || true
 jq -e '[.findings[] | select(.kind == "crd" and .status == "ok")] | length == 1' "$RUN/logs/check-$CHECKS.json" > /dev/null \
   || { cat "$RUN/logs/check-$CHECKS.json"; die "the CRD put back is not ok"; }

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use csi_relay::csi;
 use csi_relay::csi::controller_client::ControllerClient;
-use csi_relay::k8s::relay_volume::RelayVolume;
+use csi_relay::k8s::relay_volume::{self, RelayVolume};
 use e2e_support::audit::AuditLogs;
 use e2e_support::fault_proxy::{server_of, FaultProxy};
 use nix::sys::signal::Signal;
@@ -417,5 +417,92 @@ async fn the_api_server_refuses_a_relay_volume_write_from_an_older_leader_term()
             .unwrap_or_else(|e| panic!("term {term}: {e}"));
         assert_eq!(written.spec.leader_term, Some(term));
     }
+
+    // The status, written as the controller writes it: server-side applies
+    // of several field managers, each with the term it writes under.
+    let apply = |manager: &str, status: serde_json::Value, term: Option<i64>| {
+        let api = api.clone();
+        let name = name.clone();
+        let body = relay_volume::controller_status_body(&name, status, term);
+        let params = kube::api::PatchParams::apply(manager).force();
+        async move {
+            api.patch_status(&name, &params, &kube::api::Patch::Apply(&body))
+                .await
+        }
+    };
+    let written = apply(
+        "csi-relay",
+        serde_json::json!({"phase": "CREATED", "nodes": []}),
+        Some(6),
+    )
+    .await
+    .expect("status of term 6");
+    assert_eq!(written.status.and_then(|s| s.leader_term), Some(6));
+    // A deposed leader's LAST-ERROR, its node entries and its phase,
+    // delivered late: each refused, with the reason.
+    for (manager, status) in [
+        (
+            "csi-relay-errors",
+            serde_json::json!({"lastError": "ControllerPublishVolume: UNAVAILABLE: late"}),
+        ),
+        (
+            "csi-relay",
+            serde_json::json!({"phase": "NODE_READY", "nodes": [
+                {"node": "n1", "attached": true, "pending": "VOL_READY"}]}),
+        ),
+        (
+            "csi-relay-member1",
+            serde_json::json!({"nodes": [{"node": "member1/m1", "member": "member1",
+                "phase": "PUBLISHED"}]}),
+        ),
+    ] {
+        match apply(manager, status, Some(5)).await {
+            Err(kube::Error::Api(e)) => {
+                assert_eq!(e.code, 422, "{manager}: {e:?}");
+                assert!(
+                    e.message.contains("status.leaderTerm may not go back"),
+                    "{e:?}"
+                );
+            }
+            other => {
+                panic!("{manager}: a status write of term 5 over term 6 was not refused: {other:?}")
+            }
+        }
+    }
+    let now = api.get(&name).await.expect("get");
+    let status = now.status.expect("status");
+    assert_eq!(status.phase.as_deref(), Some("CREATED"), "{status:?}");
+    assert!(status.last_error.is_none(), "{status:?}");
+    // The same term and a newer one pass, and a node plugin's entry, which
+    // carries no term (node plugins do not lead), passes beside them.
+    apply(
+        "csi-relay-errors",
+        serde_json::json!({"lastError": "CreateVolume: UNAVAILABLE: now"}),
+        Some(6),
+    )
+    .await
+    .expect("status of term 6 again");
+    let params = kube::api::PatchParams::apply("csi-relay-node-n1").force();
+    let node_entry = relay_volume::apply_body(
+        &name,
+        "status",
+        serde_json::json!({"nodes": [{"node": "n1", "phase": "VOL_READY"}]}),
+    );
+    api.patch_status(&name, &params, &kube::api::Patch::Apply(&node_entry))
+        .await
+        .expect("a node plugin's entry");
+    let written = apply(
+        "csi-relay",
+        serde_json::json!({"phase": "VOL_READY"}),
+        Some(7),
+    )
+    .await
+    .expect("status of term 7");
+    let status = written.status.expect("status");
+    assert_eq!(status.leader_term, Some(7));
+    assert_eq!(
+        status.last_error.as_deref(),
+        Some("CreateVolume: UNAVAILABLE: now")
+    );
     let _ = api.delete(&name, &Default::default()).await;
 }

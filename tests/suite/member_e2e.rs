@@ -36,7 +36,7 @@ async fn member_volume_lifecycle_on_real_clusters() {
     let host = client(&env.host_kubeconfig).await;
     let member = client(&env.member_kubeconfig).await;
 
-    // The CRD, as deploy/relayvolume-crd.yaml carries it.
+    // The CRD, as deploy/crds/relayvolume-crd.yaml carries it.
     e2e_support::install_crd(&host).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
 

@@ -14,6 +14,8 @@ use csi_relay::csi::{
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+pub mod report;
+
 pub const NODE: &str = "node-a";
 
 pub struct Driver {
@@ -443,10 +445,30 @@ extern "C" fn report_skips() {
 static ALONE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 /// Held by a test that must run with no other test, for its duration.
-pub struct Alone(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>);
+/// Its outcome and time go to the suite report (`report`) when it ends.
+pub struct Alone {
+    // Declared first, dropped first: the report is written while the lock
+    // is still held, so the time counted is the test's own.
+    _timed: report::Timed,
+    _lock: std::sync::RwLockWriteGuard<'static, ()>,
+}
 
 pub fn alone() -> Alone {
-    Alone(ALONE.write().unwrap_or_else(|p| p.into_inner()))
+    let lock = ALONE.write().unwrap_or_else(|p| p.into_inner());
+    Alone {
+        _timed: report::Timed::start(),
+        _lock: lock,
+    }
+}
+
+/// Why the test named `test` said it was skipped, if it did.
+pub fn skipped_because(test: &str) -> Option<String> {
+    let prefix = format!("{test}: ");
+    SKIPPED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find_map(|line| line.strip_prefix(&prefix).map(str::to_string))
 }
 
 /// Held by a test that mounts and uses loop devices, for its duration.

@@ -1,0 +1,110 @@
+{{/*
+The chart renders the manifests of the Kustomize base (the files of deploy/)
+with the values applied: these helpers read a manifest and change what the
+values name. Each returns YAML (templates return only text), which the
+caller parses back.
+*/}}
+
+{{/* The objects of the base manifest .file, as a YAML list. */}}
+{{- define "csi-relay.docs" -}}
+{{- $text := .root.Files.Get .file -}}
+{{- if not $text -}}{{- fail (printf "the chart holds no %s (the Kustomize base's manifest)" .file) -}}{{- end -}}
+{{- $docs := list -}}
+{{- range $raw := regexSplit "(?m)^---[ \t]*$" $text -1 -}}
+{{- $doc := fromYaml $raw -}}
+{{- if hasKey $doc "Error" -}}{{- fail (printf "%s: %s" $.file $doc.Error) -}}{{- end -}}
+{{- if $doc -}}{{- $docs = append $docs $doc -}}{{- end -}}
+{{- end -}}
+{{- toYaml $docs -}}
+{{- end -}}
+
+{{/* Objects as YAML documents. */}}
+{{- define "csi-relay.emit" -}}
+{{- range . }}
+---
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* A name the relay takes as a member's (a DNS label). */}}
+{{- define "csi-relay.memberName" -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$" (toString .)) -}}
+{{- fail (printf "member name %q: a member is named by a DNS label (lower-case letters, digits and '-', at most 63)" (toString .)) -}}
+{{- end -}}
+{{- . -}}
+{{- end -}}
+
+{{/*
+The csi-relay container's args with the values applied: the members in
+place of the base's --member, --node-member, the registrar, the driver name,
+the log format and extra args. .args: the base's; .v: the values; .extra.
+*/}}
+{{- define "csi-relay.relayArgs" -}}
+{{- $v := .v -}}
+{{- $out := list -}}
+{{- $members := false -}}
+{{- range $a := .args -}}
+{{- if hasPrefix "--member=" $a -}}
+{{- if not $members -}}
+{{- range $m := $v.members -}}
+{{- $name := include "csi-relay.memberName" $m -}}
+{{- $out = append $out (printf "--member=%s=/etc/csi-relay/members/%s" $name $name) -}}
+{{- end -}}
+{{- $members = true -}}
+{{- end -}}
+{{- else if hasPrefix "--node-member=" $a -}}
+{{- with $v.node.member -}}
+{{- $out = append $out (printf "--node-member=%s" (include "csi-relay.memberName" .)) -}}
+{{- end -}}
+{{- else if and (eq $a "--virtual-node-registrar") (not $v.controller.virtualNodeRegistrar) -}}
+{{- else -}}
+{{- $out = append $out $a -}}
+{{- end -}}
+{{- end -}}
+{{- if ne $v.driverName "relay.csi.dev" -}}
+{{- $out = append $out (printf "--driver-name=%s" $v.driverName) -}}
+{{- end -}}
+{{- if not (has $v.logFormat (list "text" "json")) -}}
+{{- fail (printf "logFormat %q: text or json" (toString $v.logFormat)) -}}
+{{- end -}}
+{{- if ne $v.logFormat "text" -}}
+{{- $out = append $out (printf "--log-format=%s" $v.logFormat) -}}
+{{- end -}}
+{{- range .extra -}}
+{{- $out = append $out . -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/*
+A pod template's spec with the values applied. .spec: the base's (changed
+in place); .v: the values; .role: the values of controller or node.
+*/}}
+{{- define "csi-relay.podSpec" -}}
+{{- $v := .v -}}
+{{- $role := .role -}}
+{{- $spec := .spec -}}
+{{- with $role.nodeSelector }}{{ $_ := set $spec "nodeSelector" . }}{{ end -}}
+{{- with $role.tolerations }}{{ $_ := set $spec "tolerations" . }}{{ end -}}
+{{- with $v.imagePullSecrets }}{{ $_ := set $spec "imagePullSecrets" . }}{{ end -}}
+{{- range $c := $spec.containers -}}
+{{- with index $v.images $c.name }}{{ $_ := set $c "image" . }}{{ end -}}
+{{- if eq $c.name "csi-relay" -}}
+{{- $args := include "csi-relay.relayArgs" (dict "args" $c.args "v" $v "extra" $role.extraArgs) | fromYamlArray -}}
+{{- $_ := set $c "args" $args -}}
+{{- with $role.resources }}{{ $_ := set $c "resources" . }}{{ end -}}
+{{- else -}}
+{{- with $v.sidecars.resources }}{{ $_ := set $c "resources" . }}{{ end -}}
+{{- $args := list -}}
+{{- range $a := $c.args -}}
+{{- $args = append $args (replace "/plugins/relay.csi.dev/" (printf "/plugins/%s/" $v.driverName) $a) -}}
+{{- end -}}
+{{- $_ := set $c "args" $args -}}
+{{- end -}}
+{{- end -}}
+{{- range $vol := $spec.volumes -}}
+{{- with $vol.hostPath -}}
+{{- $_ := set . "path" (replace "/plugins/relay.csi.dev" (printf "/plugins/%s" $v.driverName) .path) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
