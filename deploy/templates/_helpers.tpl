@@ -84,27 +84,47 @@ in place); .v: the values; .role: the values of controller or node.
 {{- $v := .v -}}
 {{- $role := .role -}}
 {{- $spec := .spec -}}
+{{- $kubelet := trimSuffix "/" ($role.kubeletDir | default "/var/lib/kubelet") -}}
+{{- $plugins := printf "%s/plugins/%s" $kubelet $v.driverName -}}
 {{- with $role.nodeSelector }}{{ $_ := set $spec "nodeSelector" . }}{{ end -}}
 {{- with $role.tolerations }}{{ $_ := set $spec "tolerations" . }}{{ end -}}
+{{- with $role.affinity }}{{ $_ := set $spec "affinity" . }}{{ end -}}
 {{- with $v.imagePullSecrets }}{{ $_ := set $spec "imagePullSecrets" . }}{{ end -}}
 {{- range $c := $spec.containers -}}
 {{- with index $v.images $c.name }}{{ $_ := set $c "image" . }}{{ end -}}
+{{- with $v.imagePullPolicy }}{{ $_ := set $c "imagePullPolicy" . }}{{ end -}}
+{{- with $role.extraEnv }}{{ $_ := set $c "env" (concat ($c.env | default list) .) }}{{ end -}}
+{{- $args := list -}}
 {{- if eq $c.name "csi-relay" -}}
-{{- $args := include "csi-relay.relayArgs" (dict "args" $c.args "v" $v "extra" $role.extraArgs) | fromYamlArray -}}
-{{- $_ := set $c "args" $args -}}
+{{- $extra := $role.extraArgs | default list -}}
+{{- if ne $kubelet "/var/lib/kubelet" }}{{ $extra = prepend $extra (printf "--plugins-dir=%s/plugins" $kubelet) }}{{ end -}}
+{{- $args = include "csi-relay.relayArgs" (dict "args" $c.args "v" $v "extra" $extra) | fromYamlArray -}}
 {{- with $role.resources }}{{ $_ := set $c "resources" . }}{{ end -}}
+{{- range $m := $c.volumeMounts }}{{ if eq $m.name "kubelet-dir" }}{{ $_ := set $m "mountPath" $kubelet }}{{ end }}{{ end -}}
+{{- with $role.extraVolumeMounts }}{{ $_ := set $c "volumeMounts" (concat $c.volumeMounts .) }}{{ end -}}
+{{- with $v.healthAddress -}}
+{{- with $c.livenessProbe }}{{ $_ := set .httpGet "host" $v.healthAddress }}{{ end -}}
+{{- end -}}
 {{- else -}}
 {{- with $v.sidecars.resources }}{{ $_ := set $c "resources" . }}{{ end -}}
-{{- $args := list -}}
 {{- range $a := $c.args -}}
-{{- $args = append $args (replace "/plugins/relay.csi.dev/" (printf "/plugins/%s/" $v.driverName) $a) -}}
+{{- if hasPrefix "--kubelet-registration-path=" $a -}}
+{{- $a = printf "--kubelet-registration-path=%s/csi.sock" $plugins -}}
+{{- else if and $v.healthAddress (hasPrefix "--http-endpoint=:" $a) -}}
+{{- $a = printf "--http-endpoint=%s%s" $v.healthAddress (trimPrefix "--http-endpoint=" $a) -}}
+{{- end -}}
+{{- $args = append $args $a -}}
+{{- end -}}
 {{- end -}}
 {{- $_ := set $c "args" $args -}}
 {{- end -}}
-{{- end -}}
 {{- range $vol := $spec.volumes -}}
-{{- with $vol.hostPath -}}
-{{- $_ := set . "path" (replace "/plugins/relay.csi.dev" (printf "/plugins/%s" $v.driverName) .path) -}}
+{{- if $vol.hostPath -}}
+{{- if eq $vol.name "plugin-dir" }}{{ $_ := set $vol.hostPath "path" $plugins }}{{ end -}}
+{{- if eq $vol.name "registration-dir" }}{{ $_ := set $vol.hostPath "path" (printf "%s/plugins_registry" $kubelet) }}{{ end -}}
+{{- if eq $vol.name "kubelet-dir" }}{{ $_ := set $vol.hostPath "path" $kubelet }}{{ end -}}
+{{- if and (eq $vol.name "state") $role.stateDir }}{{ $_ := set $vol.hostPath "path" $role.stateDir }}{{ end -}}
 {{- end -}}
 {{- end -}}
+{{- with $role.extraVolumes }}{{ $_ := set $spec "volumes" (concat $spec.volumes .) }}{{ end -}}
 {{- end -}}

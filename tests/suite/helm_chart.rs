@@ -275,6 +275,8 @@ membersSecret:
 logFormat: json
 images: { csi-relay: "registry.example.com/csi-relay:0.2.0", csi-provisioner: "mirror.example.com/csi-provisioner:v6.3.0" }
 imagePullSecrets: [{ name: pull }]
+imagePullPolicy: Always
+healthAddress: 127.0.0.1
 controller:
   replicas: 3
   virtualNodeRegistrar: false
@@ -282,10 +284,17 @@ controller:
   nodeSelector: { role: control }
   tolerations: [{ key: control, operator: Exists, effect: NoSchedule }]
   extraArgs: ["--lost-member=south"]
+  extraEnv: [{ name: HTTPS_PROXY, value: "http://127.0.0.1:3128" }]
 node:
   member: ""
   resources: { limits: { memory: 256Mi } }
   tolerations: [{ key: storage, operator: Exists }]
+  affinity: { nodeAffinity: { requiredDuringSchedulingIgnoredDuringExecution: { nodeSelectorTerms: [{ matchExpressions: [{ key: storage, operator: Exists }] }] } } }
+  kubeletDir: /var/lib/k0s/kubelet/
+  stateDir: /srv/csi-relay
+  extraEnv: [{ name: TZ, value: UTC }]
+  extraVolumes: [{ name: disk, hostPath: { path: /srv/disk, type: Directory } }]
+  extraVolumeMounts: [{ name: disk, mountPath: /srv/disk }]
 sidecars:
   resources: { requests: { cpu: 10m } }
 exampleStorageClasses: false
@@ -381,6 +390,18 @@ fn each_value_changes_what_it_names_and_the_flags_parse() {
             assert!(a.contains(&flag.to_string()), "{flag} not in {a:?}");
         }
         parses(&a);
+        assert_eq!(relay["imagePullPolicy"], "Always");
+        assert_eq!(relay["livenessProbe"]["httpGet"]["host"], "127.0.0.1");
+        let env = relay["env"].as_array().expect("env");
+        assert_eq!(env.last().unwrap()["name"], "HTTPS_PROXY");
+        assert_eq!(env.len(), 3, "NODE_NAME, POD_NAMESPACE kept: {env:?}");
+        assert_eq!(
+            args(container(ctl, "liveness-probe")),
+            [
+                "--csi-address=/csi/probe.sock",
+                "--http-endpoint=127.0.0.1:9808"
+            ]
+        );
         let prov = container(ctl, "csi-provisioner");
         assert_eq!(prov["image"], "mirror.example.com/csi-provisioner:v6.3.0");
         assert_eq!(prov["resources"]["requests"]["cpu"], "10m");
@@ -406,27 +427,58 @@ fn each_value_changes_what_it_names_and_the_flags_parse() {
         assert!(a.contains(&"--log-format=json".into()), "{a:?}");
         parses(&a);
         assert_eq!(node["resources"]["limits"]["memory"], "256Mi");
+        assert!(
+            a.contains(&"--plugins-dir=/var/lib/k0s/kubelet/plugins".into()),
+            "{a:?}"
+        );
         let reg = args(container(ds, "node-driver-registrar"));
         assert!(
-            reg.contains(
-                &"--kubelet-registration-path=/var/lib/kubelet/plugins/relay.example.com/csi.sock"
-                    .into()
-            ),
+            reg.contains(&"--kubelet-registration-path=/var/lib/k0s/kubelet/plugins/relay.example.com/csi.sock".into()),
             "{reg:?}"
         );
-        let plugin_dir = ds["spec"]["template"]["spec"]["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == "plugin-dir")
-            .expect("plugin-dir");
         assert_eq!(
-            plugin_dir["hostPath"]["path"],
-            "/var/lib/kubelet/plugins/relay.example.com"
+            args(container(ds, "liveness-probe")),
+            [
+                "--csi-address=/csi/csi.sock",
+                "--http-endpoint=127.0.0.1:9809"
+            ]
+        );
+        let pod = &ds["spec"]["template"]["spec"];
+        let host_path = |name: &str| {
+            pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == name)
+                .unwrap_or_else(|| panic!("volume {name}"))["hostPath"]["path"]
+                .clone()
+        };
+        assert_eq!(
+            host_path("plugin-dir"),
+            "/var/lib/k0s/kubelet/plugins/relay.example.com"
         );
         assert_eq!(
-            ds["spec"]["template"]["spec"]["tolerations"][0]["key"],
+            host_path("registration-dir"),
+            "/var/lib/k0s/kubelet/plugins_registry"
+        );
+        assert_eq!(host_path("kubelet-dir"), "/var/lib/k0s/kubelet");
+        assert_eq!(host_path("state"), "/srv/csi-relay");
+        assert_eq!(host_path("disk"), "/srv/disk");
+        assert_eq!(host_path("dev"), "/dev");
+        let mounts = node["volumeMounts"].as_array().unwrap();
+        let kubelet = mounts.iter().find(|m| m["name"] == "kubelet-dir").unwrap();
+        assert_eq!(kubelet["mountPath"], "/var/lib/k0s/kubelet");
+        assert_eq!(kubelet["mountPropagation"], "Bidirectional");
+        assert_eq!(mounts.last().unwrap()["mountPath"], "/srv/disk");
+        assert_eq!(pod["tolerations"][0]["key"], "storage");
+        assert_eq!(
+            pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                ["nodeSelectorTerms"][0]["matchExpressions"][0]["key"],
             "storage"
+        );
+        assert_eq!(
+            container(ds, "node-driver-registrar")["env"][0]["name"],
+            "TZ"
         );
 
         let secret = &all["Secret/csi-relay/csi-relay-members"];
