@@ -89,6 +89,10 @@ fn words(command: &str) -> Vec<String> {
 fn relay_argv(command: &str) -> Option<Vec<String>> {
     let first = command.split('|').next()?.trim();
     let w = words(first);
+    // `helm install csi-relay deploy/`: there csi-relay is a release name.
+    if w.first().map(String::as_str) == Some("helm") {
+        return None;
+    }
     let args: &[String] = if let Some(dash) = w.iter().position(|x| x == "--") {
         let after = &w[dash + 1..];
         match after.first().map(String::as_str) {
@@ -147,7 +151,11 @@ fn every_documented_command_parses_and_names_paths_that_exist() {
                 let names_path =
                     matches!(word.as_str(), "-k" | "-f" | "--kustomize" | "--filename")
                         && w.first().map(String::as_str) == Some("kubectl");
-                if !names_path {
+                // helm install|upgrade|template RELEASE CHART: the chart.
+                let names_chart = i == 2
+                    && w.first().map(String::as_str) == Some("helm")
+                    && matches!(w[1].as_str(), "install" | "upgrade" | "template");
+                if !names_path && !names_chart {
                     continue;
                 }
                 let Some(path) = w.get(i + 1) else { continue };
