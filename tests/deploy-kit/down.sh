@@ -33,9 +33,17 @@ if api_up; then
         kh -n $ns logs --all-containers --prefix "$p" > "$RUN/logs/$(basename "$p").log" 2>&1
       done
     done
-    kh delete -k "$RUN/kustomize" --wait=true --timeout=90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
+    read -r by helm < "$RUN/installed-by" 2>/dev/null || by=kustomize
+    if [[ $by == helm ]]; then
+      # Whatever helm.sh left installed (a release of either helm major; none after its uninstall).
+      if "$helm" --kubeconfig "$HKC" status csi-relay > /dev/null 2>&1; then
+        "$helm" --kubeconfig "$HKC" uninstall csi-relay --wait --timeout 90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
+      fi
+    else
+      kh delete -k "$RUN/kustomize" --wait=true --timeout=90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
+    fi
     waitfor 60 "csi-relay pods gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get pods -n csi-relay -o name 2>/dev/null)\$(kubectl --kubeconfig '$HKC' get pods -n csi-relay-node -o name 2>/dev/null)\" ]" || rc=1
-    ts "kit deleted (kubectl delete -k)"
+    ts "kit deleted ($by)"
   fi
 fi
 

@@ -27,7 +27,8 @@ T_START=$(date +%s.%N)
 ts "ha.sh $RUN"
 NS=$HA_NS
 HA=$RUN/ha; rm -rf "$HA"; mkdir -p "$HA"
-# HA_CASES="1 3" runs some of the cases.
+# HA_CASES="1 3" runs some of the cases; HA_ROLL (a shell command, named HA_ROLL_NAME) rolls the
+# controller in case 2 instead of `kubectl rollout restart`.
 pass() { ts "PASS: $*"; }
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b-a}'; }
@@ -183,7 +184,11 @@ watch_start
 load 50 100 & LOADER=$!
 sleep 6
 T_ROLL=$(now)
-kh -n csi-relay rollout restart deployment/csi-relay-controller > /dev/null
+if [[ -n ${HA_ROLL:-} ]]; then   # another command that rolls the controller (helm.sh: helm upgrade)
+  bash -c "$HA_ROLL" > "$HA/roll.log" 2>&1 || { cat "$HA/roll.log"; false; }
+else
+  kh -n csi-relay rollout restart deployment/csi-relay-controller > /dev/null
+fi
 kh -n csi-relay rollout status deployment/csi-relay-controller --timeout=180s > /dev/null
 T_ROLLED=$(now)
 wait $LOADER
@@ -193,7 +198,7 @@ watch_stop
 read -r worst_b worst_a < <(report_waits 100 "$LAST")
 awk -v b="$worst_b" -v a="$worst_a" 'BEGIN{exit !(b<=20 && a<=20)}' \
   || { echo "rollout: a claim waited ${worst_b}s to bind, ${worst_a}s to attach (limit 20 s)"; false; }
-pass "rollout restart ($(secs "$T_ROLL" "$T_ROLLED")s): $((LAST-99)) claims, longest wait from create to Bound ${worst_b}s, to attached ${worst_a}s; all Running; leader now $(leader)"
+pass "${HA_ROLL_NAME:-rollout restart} ($(secs "$T_ROLL" "$T_ROLLED")s): $((LAST-99)) claims, longest wait from create to Bound ${worst_b}s, to attached ${worst_a}s; all Running; leader now $(leader)"
 echo "case2 claims=$((LAST-99)) worst_bound=$worst_b worst_attached=$worst_a rollout=$(secs "$T_ROLL" "$T_ROLLED")" >> "$HA/figures"
 clean
 fi

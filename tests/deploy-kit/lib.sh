@@ -29,6 +29,7 @@ MEMBER_PVS=${KIT_MEMBER_PVS:-100}          # static hostPath PVs of the member's
 MEMBER_NAME=member1                         # deploy/'s member name (--member member1=...)
 CLASS=relay-member1                         # deploy/storageclass.yaml (WaitForFirstConsumer)
 PULL_PROXY=http://127.0.0.1:9               # a closed port: a pull that should never happen fails at once
+HELM=${KIT_HELM:-$E2E_HOME/bin/helm}         # KIT_INSTALL=helm: up.sh installs the chart with it
 HKC=$E2E_HOME/run/$HOST.kubeconfig
 MKC=$E2E_HOME/run/$MEMBER.kubeconfig
 LAB=$RUN/lab                                # kubelet-node-up.sh LAB_DIR

@@ -8,7 +8,9 @@
 //! it) and checks the mounted volume and a new one, then deletes it all
 //! through CSI; `ha.sh` fails the controller's two replicas over (the
 //! leader's pod killed, a rollout restart, the leader's node frozen) under
-//! load, with figures; `down.sh` undoes everything.
+//! load, with figures; `down.sh` undoes everything. The second test installs the same kit with
+//! helm (`KIT_INSTALL=helm`) and runs `helm.sh`: the chart's install, test, upgrade, rollback,
+//! uninstall and reinstall with helm v4 and v3.
 //!
 //! Runs when E2E_HOME holds the control-plane and kubelet binaries and the
 //! sidecar images (`images/images.txt`), and buildah and containerd are
@@ -49,4 +51,34 @@ fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
     kit.run("up.sh");
     kit.run("check.sh");
     kit.run("ha.sh");
+}
+
+/// The same kit installed with `helm install` of the chart (`KIT_INSTALL=helm up.sh`), then
+/// `helm.sh`: helm test, an upgrade under load, a rollback, an uninstall that keeps the CRD and
+/// the RelayVolumes, and a reinstall that serves the kept volume, with helm v4 and then v3.
+#[test]
+fn the_helm_chart_installs_upgrades_rolls_back_and_uninstalls_on_real_kubelets() {
+    let _alone = common::alone();
+    let e2e_home = match prerequisites() {
+        Ok(home) => home,
+        Err(why) => return common::skip(&why),
+    };
+    for helm in ["helm", "helm3"] {
+        if !e2e_home.join("bin").join(helm).is_file() {
+            return common::skip(&format!(
+                "no {helm} in $E2E_HOME/bin (tests/e2e-env/README.md)"
+            ));
+        }
+    }
+    let kit = ScriptedEnv::new(
+        "deploy-kit",
+        "down.sh",
+        &e2e_home,
+        vec![
+            ("CSI_RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay").to_string()),
+            ("KIT_INSTALL", "helm".to_string()),
+        ],
+    );
+    kit.run("up.sh");
+    kit.run("helm.sh");
 }
