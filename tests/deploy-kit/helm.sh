@@ -2,9 +2,9 @@
 # helm.sh RUN_DIR: the chart's life on the kit that `KIT_INSTALL=helm up.sh RUN_DIR` installed with
 # helm v4 (E2E_HOME/bin/helm), then again with helm v3 (E2E_HOME/bin/helm3):
 #   1. `helm test`: csi-relay check in a pod with the controller's identity, exit 0;
-#   2. `helm upgrade` changing a value (logFormat=json) while a claim with a pod arrives every 2 s
-#      (ha.sh's case 2): the pods roll one at a time, no claim waits more than 20 s to be Bound or
-#      attached; every relay container then runs with --log-format=json;
+#   2. `helm upgrade` changing a value (logFormat=json), with v4 while a claim with a pod arrives
+#      every 2 s (ha.sh's case 2): the pods roll one at a time, no claim waits more than 20 s to be
+#      Bound or attached; every relay container then runs with --log-format=json;
 #   3. `helm rollback` to the first revision: the flag is gone again;
 #   4. a user's claim and pod with data, then `helm uninstall`: every object of the chart is gone
 #      but the CRD and the RelayVolumes (docs/operations.md); the pod still runs on its mount;
@@ -55,7 +55,7 @@ left_of() { # which of the chart's objects still exist
   return 0
 }
 
-cycle() { # cycle HELM OTHER: steps 1-5 with HELM, the reinstall with OTHER
+cycle() { # cycle HELM OTHER under-load|plain: steps 1-5 with HELM, the reinstall with OTHER
   local helm=$1 other=$2 v
   v=$("$helm" version --short)
   # ---------- 1. helm test ----------
@@ -68,9 +68,14 @@ cycle() { # cycle HELM OTHER: steps 1-5 with HELM, the reinstall with OTHER
 
   # ---------- 2. helm upgrade under load ----------
   local rev; rev=$("$helm" --kubeconfig "$HKC" history csi-relay -o json | jq '.[-1].revision')
-  HA_CASES=2 HA_ROLL_NAME="$v: helm upgrade --set logFormat=json" \
-    HA_ROLL="'$helm' --kubeconfig '$HKC' upgrade csi-relay '$REPO/deploy' -f '$RUN/helm/values.yaml' --set-file 'membersSecret.kubeconfigs.$MEMBER_NAME=$RUN/kustomize/member1.kubeconfig' --set logFormat=json" \
-    "$KIT/ha.sh" "$RUN"
+  local upgrade="'$helm' --kubeconfig '$HKC' upgrade csi-relay '$REPO/deploy' -f '$RUN/helm/values.yaml' --set-file 'membersSecret.kubeconfigs.$MEMBER_NAME=$RUN/kustomize/member1.kubeconfig' --set logFormat=json"
+  if [[ $3 == under-load ]]; then
+    HA_CASES=2 HA_ROLL_NAME="$v: helm upgrade --set logFormat=json" HA_ROLL="$upgrade" "$KIT/ha.sh" "$RUN"
+  else
+    t0=$(date +%s.%N)
+    bash -c "$upgrade --wait --timeout 180s" > "$RUN/logs/helm-upgrade.log" 2>&1 || { cat "$RUN/logs/helm-upgrade.log"; die "helm upgrade ($v)"; }
+    ts "$v: helm upgrade --wait took $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
+  fi
   ready
   [[ -z "$(relay_args | grep -v -- '--log-format=json')" ]] || { relay_args; die "a relay container without --log-format=json after the upgrade"; }
   pass "$v: upgraded to revision $((rev + 1)): every csi-relay container runs with --log-format=json"
@@ -144,7 +149,8 @@ EOF
   pass "$v2: installed again over the kept CRD, ready ${took} s later; it served volume $vid from its RelayVolume: the pod read its data, and its deletion went through CSI to the end (no PV, attachment, RelayVolume or member claim left)"
 }
 
-cycle "$HELM" "$HELM3"
-cycle "$HELM3" "$HELM"
+# The upgrade under load once (it is the same rollout whichever helm sends it).
+cycle "$HELM" "$HELM3" under-load
+cycle "$HELM3" "$HELM" plain
 kh delete ns "$NS" --wait=false > /dev/null 2>&1 || true
 ts "helm.sh done"
