@@ -27,6 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use tokio::time::Instant;
 
+use crate::k8s::relay_volume::highest_term;
 use crate::rt::fence::fence;
 
 /// The Lease's name: one per driver name.
@@ -184,6 +185,23 @@ fn taken_by(mut lease: Lease, me: &str, timing: &Timing) -> Lease {
     lease
 }
 
+/// The Lease `name` before it is first taken: its transitions at `floor`
+/// (the highest term recorded), so that taking it counts the term above.
+fn new_lease(name: &str, namespace: &str, floor: Option<i64>) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            ..ObjectMeta::default()
+        },
+        spec: floor.map(|term| LeaseSpec {
+            // A term beyond i32 cannot be counted above: taking it saturates.
+            lease_transitions: Some(i32::try_from(term.max(0)).unwrap_or(i32::MAX)),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
@@ -211,7 +229,7 @@ pub async fn lead(
 ) -> Result<LeaseHold, String> {
     let name = lease_name(driver_name);
     let me = crate::k8s::connect::process_identity().to_string();
-    let api: Api<Lease> = Api::namespaced(client, namespace);
+    let api: Api<Lease> = Api::namespaced(client.clone(), namespace);
     crate::rt::metrics::leader(false);
     tracing::info!(lease = %name, namespace, identity = %me, "waiting to lead");
     let mut seen: Option<(String, Instant)> = None;
@@ -236,18 +254,18 @@ pub async fn lead(
             }
         };
         let Some(current) = current else {
-            let fresh = taken_by(
-                Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(namespace.to_string()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: None,
-                },
-                &me,
-                &timing,
-            );
+            // A Lease made anew counts its terms from above every term the
+            // RelayVolumes record, or each write of this leader would be
+            // refused as a deposed one's (see `highest_term`).
+            let floor = match highest_term(&client).await {
+                Ok(floor) => floor,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the RelayVolumes' leader terms before making the leader Lease; trying again");
+                    tokio::time::sleep(timing.renew_every).await;
+                    continue;
+                }
+            };
+            let fresh = taken_by(new_lease(&name, namespace, floor), &me, &timing);
             let sent = Instant::now();
             match api.create(&PostParams::default(), &fresh).await {
                 Ok(made) => {
@@ -608,6 +626,18 @@ mod tests {
                 ..LeaseSpec::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_lease_made_anew_counts_its_term_above_every_recorded_one() {
+        let timing = Timing::for_lease(10);
+        let first = taken_by(new_lease("l", "ns", None), "me", &timing);
+        assert_eq!(transitions(&first), 1);
+        let after = taken_by(new_lease("l", "ns", Some(7)), "me", &timing);
+        assert_eq!(transitions(&after), 8);
+        assert_eq!(after.metadata.namespace.as_deref(), Some("ns"));
+        let huge = taken_by(new_lease("l", "ns", Some(i64::MAX)), "me", &timing);
+        assert_eq!(transitions(&huge), i64::from(i32::MAX));
     }
 
     #[tokio::test(start_paused = true)]

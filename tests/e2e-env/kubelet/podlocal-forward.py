@@ -15,6 +15,7 @@ containerd made. cni-podlocal.py starts it on ADD for the namespaces its config 
 on DEL. It records itself as PID_DIR/NAME.{pid,exe,start} (kl-lib.sh's format) once every listener
 is bound, so kubelet-node-down.sh stops a leftover one like any other process of the node.
 """
+import errno
 import ctypes
 import os
 import socket
@@ -119,7 +120,15 @@ def main():
     for port in ports(opts.get("--in", "")):
         servers.append((listen(port, ns_fd), port, None))
     for port in ports(opts.get("--out", "")):
-        servers.append((listen(port, None), port, ns_fd))
+        try:
+            servers.append((listen(port, None), port, ns_fd))
+        except OSError as e:
+            # The node's port already leads into another pod of these namespaces (the
+            # controller's liveness port, whose kubelet probe it serves); a second pod there
+            # (a helm test pod) needs the way in, not this way out.
+            if e.errno != errno.EADDRINUSE:
+                raise
+            print("out %d: taken on the node by another pod; not forwarded for %s" % (port, netns), flush=True)
     for listener, port, target in servers:
         threading.Thread(target=serve, args=(listener, port, target), daemon=True).start()
     stat = open("/proc/self/stat").read()
