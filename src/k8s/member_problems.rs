@@ -31,7 +31,7 @@ use kube::Resource;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::Key;
 use crate::k8s::naming;
-use crate::k8s::relay_volume::{apply_last_error, object_name, RelayVolume};
+use crate::k8s::relay_volume::{apply_last_error, member_word, object_name, RelayVolume};
 use crate::k8s::CALL_TIMEOUT;
 
 /// How often the claims behind a shown problem are looked at again.
@@ -197,10 +197,7 @@ impl Problems {
             return;
         }
         let (namespace, name) = &w.claim;
-        let text = format!(
-            "member {}: PersistentVolumeClaim {namespace}/{name} is not provisioned: {}",
-            self.member, w.said
-        );
+        let text = member_word(&self.member, namespace, name, &w.said);
         if self.open.get(&id).is_some_and(|(_, shown)| *shown == text) {
             return;
         }

@@ -93,7 +93,8 @@ impl RecordMirror for RelayMirror {
         let written = self.writer.apply(vol).await.map(drop);
         self.landed(&vol.id, written)?;
         // The volume moved on: a failure shown is no longer its state.
-        let noted = lock(&self.failing).remove(&vol.id);
+        // A member's word shown meanwhile stays (see `shows_failure`).
+        let noted = lock(&self.failing).remove(&vol.id) && !self.writer.shows_member_word(&vol.id);
         if vol.lifecycle == Lifecycle::Ready && (noted || self.writer.shows_failure(&vol.id)) {
             if let Err(e) = self.writer.apply_failure(&vol.id, None).await {
                 tracing::warn!(volume_id = %vol.id, error = %e, "RelayVolume still shows the last failure");

@@ -445,6 +445,20 @@ pub fn controller_status_body(
     apply_body(name, "status", status)
 }
 
+/// LAST-ERROR's text for what member `member` says of claim
+/// `namespace/name` it does not provision.
+pub fn member_word(member: &str, namespace: &str, name: &str, said: &str) -> String {
+    format!("member {member}: PersistentVolumeClaim {namespace}/{name} is not provisioned: {said}")
+}
+
+/// Whether a LAST-ERROR text is a member's word (`member_word`), not a
+/// call's failure (`<call>: <code>: <message>`).
+pub fn is_member_word(text: &str) -> bool {
+    text.strip_prefix("member ")
+        .and_then(|rest| rest.split_once(": PersistentVolumeClaim "))
+        .is_some_and(|(_, claim)| claim.contains(" is not provisioned: "))
+}
+
 /// Sets (`Some`) or clears (`None`) `status.lastError` of volume `id`'s
 /// object. Its own field manager owns the two fields, so the writers of the
 /// rest never drop them, and applying none removes them; the controller's
@@ -637,10 +651,23 @@ impl RelayVolumeObserver {
         Ok(applied?.is_some())
     }
 
-    /// Whether the watched object shows a failure (`status.lastError`).
+    /// Whether the watched object shows a call's failure
+    /// (`status.lastError`). A member's word on its claim is not one: it
+    /// goes when the member claim binds or goes (`member_problems`), not
+    /// when a call on the volume succeeds. (CreateVolume's success, applied
+    /// after the member's first warning on a claim it provisions at once,
+    /// wiped that word, and the member's repeats were taken as shown.)
     pub fn shows_failure(&self, id: &str) -> bool {
         self.seen(&object_name(id))
-            .is_some_and(|s| s.last_error.is_some())
+            .and_then(|s| s.last_error)
+            .is_some_and(|e| !is_member_word(&e))
+    }
+
+    /// Whether the watched object shows a member's word on its claim.
+    pub fn shows_member_word(&self, id: &str) -> bool {
+        self.seen(&object_name(id))
+            .and_then(|s| s.last_error)
+            .is_some_and(|e| is_member_word(&e))
     }
 
     /// See [`apply_last_error`].

@@ -573,3 +573,20 @@ fn the_crd_refuses_a_status_term_that_goes_back() {
         .unwrap()
         .contains("no longer leads"));
 }
+
+// A member's word on its claim is told apart from a call's failure: a call
+// that succeeds clears only the latter.
+#[test]
+fn a_members_word_is_not_a_calls_failure() {
+    let word = member_word(
+        "east",
+        "shop",
+        "data",
+        "ProvisioningFailed: rpc error: code = OutOfRange",
+    );
+    assert!(is_member_word(&word), "{word}");
+    assert!(!is_member_word(
+        "CreateVolume: UNAVAILABLE: member cluster east: PersistentVolumeClaim shop/data is Pending"
+    ));
+    assert!(!is_member_word("member east: something else"));
+}
