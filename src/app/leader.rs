@@ -257,7 +257,9 @@ pub async fn lead(
             // A Lease made anew counts its terms from above every term the
             // RelayVolumes record, or each write of this leader would be
             // refused as a deposed one's (see `highest_term`).
-            let floor = match highest_term(&client).await {
+            let floor = match highest_term(&crate::k8s::cluster::Cluster::host(client.clone()))
+                .await
+            {
                 Ok(floor) => floor,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the RelayVolumes' leader terms before making the leader Lease; trying again");

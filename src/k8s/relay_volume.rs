@@ -495,25 +495,23 @@ pub async fn apply_last_error(host: &Cluster, id: &str, failure: Option<&str>) -
 /// `helm uninstall` keeps the CRD and the RelayVolumes) starts its count
 /// above it: the CRD's rules refuse a term that goes back, and a new
 /// Lease's count starts again at 1.
-pub async fn highest_term(client: &kube::Client) -> Result<Option<i64>, kube::Error> {
-    let api = Api::<RelayVolume>::all(client.clone());
-    let mut params = ListParams::default().limit(500);
+pub async fn highest_term(host: &Cluster) -> Result<Option<i64>, crate::k8s::error::KubeError> {
+    let api = Api::<RelayVolume>::all(host.client());
     let mut highest: Option<i64> = None;
-    loop {
-        let page = match api.list(&params).await {
-            Ok(page) => page,
-            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        for rv in &page.items {
-            let status = rv.status.as_ref().and_then(|s| s.leader_term);
-            highest = highest.max(rv.spec.leader_term).max(status);
-        }
-        match page.metadata.continue_.filter(|t| !t.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(highest),
-        }
-    }
+    host.list_pages(
+        "list RelayVolumes for their leader terms",
+        &api,
+        ListParams::default(),
+        |items: Vec<RelayVolume>| {
+            for rv in &items {
+                let status = rv.status.as_ref().and_then(|s| s.leader_term);
+                highest = highest.max(rv.spec.leader_term).max(status);
+            }
+            Ok::<(), crate::k8s::error::KubeError>(())
+        },
+    )
+    .await?;
+    Ok(highest)
 }
 
 /// Mirrors volume records into RelayVolumes in the host cluster.

@@ -590,3 +590,47 @@ fn a_members_word_is_not_a_calls_failure() {
     ));
     assert!(!is_member_word("member east: something else"));
 }
+
+// The highest term recorded, spec or status, over every page; none when
+// no object records one or the CRD is not served.
+#[tokio::test]
+async fn the_highest_term_is_read_from_every_page() {
+    let (host, mut api) = testing::host();
+    const PATH: &str = "/apis/relay.csi.dev/v1alpha1/relayvolumes";
+    let object = |name: &str, spec: Option<i64>, status: Option<i64>| {
+        let mut rv = RelayVolume::new(name, spec_of(&volume()).unwrap());
+        rv.spec.leader_term = spec;
+        rv.status = Some(RelayVolumeStatus {
+            leader_term: status,
+            ..Default::default()
+        });
+        serde_json::to_value(rv).unwrap()
+    };
+    let list = |items: Vec<Value>, next: &str| {
+        json!({"apiVersion": "relay.csi.dev/v1alpha1", "kind": "RelayVolumeList",
+               "metadata": {"continue": next}, "items": items})
+    };
+    let (found, ()) = tokio::join!(highest_term(&host), async {
+        api.expect_page(PATH).await.ok(list(
+            vec![object("a", Some(3), None), object("b", None, None)],
+            "more",
+        ));
+        api.expect_page(PATH)
+            .await
+            .ok(list(vec![object("c", Some(4), Some(7))], ""));
+    });
+    assert_eq!(found.unwrap(), Some(7));
+    let (found, ()) = tokio::join!(highest_term(&host), async {
+        api.expect_page(PATH)
+            .await
+            .ok(list(vec![object("b", None, None)], ""));
+    });
+    assert_eq!(found.unwrap(), None);
+    let (found, ()) = tokio::join!(highest_term(&host), async {
+        api.expect_page(PATH).await.reply(
+            404,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound"}),
+        );
+    });
+    assert_eq!(found.unwrap(), None, "no CRD: nothing recorded");
+}
