@@ -35,6 +35,14 @@ fn prerequisites() -> Result<PathBuf, String> {
     Ok(e2e_home)
 }
 
+/// The kit's scripts with this build's binary and `env`; down.sh runs when
+/// it is dropped.
+fn kit(e2e_home: &std::path::Path, env: &[(&'static str, &str)]) -> ScriptedEnv {
+    let mut vars = vec![("CSI_RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay").to_string())];
+    vars.extend(env.iter().map(|(k, v)| (*k, v.to_string())));
+    ScriptedEnv::new("deploy-kit", "down.sh", e2e_home, vars)
+}
+
 #[test]
 fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
     let _alone = common::alone();
@@ -42,12 +50,7 @@ fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
         Ok(home) => home,
         Err(why) => return common::skip(&why),
     };
-    let kit = ScriptedEnv::new(
-        "deploy-kit",
-        "down.sh",
-        &e2e_home,
-        vec![("CSI_RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay").to_string())],
-    );
+    let kit = kit(&e2e_home, &[]);
     kit.run("up.sh");
     kit.run("check.sh");
     kit.run("ha.sh");
@@ -70,15 +73,7 @@ fn the_helm_chart_installs_upgrades_rolls_back_and_uninstalls_on_real_kubelets()
             ));
         }
     }
-    let kit = ScriptedEnv::new(
-        "deploy-kit",
-        "down.sh",
-        &e2e_home,
-        vec![
-            ("CSI_RELAY_BIN", env!("CARGO_BIN_EXE_csi-relay").to_string()),
-            ("KIT_INSTALL", "helm".to_string()),
-        ],
-    );
+    let kit = kit(&e2e_home, &[("KIT_INSTALL", "helm")]);
     kit.run("up.sh");
     kit.run("helm.sh");
 }
