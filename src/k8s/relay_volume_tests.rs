@@ -634,3 +634,38 @@ async fn the_highest_term_is_read_from_every_page() {
     });
     assert_eq!(found.unwrap(), None, "no CRD: nothing recorded");
 }
+
+// What a call's success clears: a call's failure shown, never the member's
+// word on its claim (member_problems clears that once the claim binds).
+#[tokio::test]
+async fn a_calls_success_clears_a_calls_failure_not_the_members_word() {
+    let (host, _api) = testing::host();
+    let (reader, mut writer) = kube::runtime::reflector::store::<RelayVolume>();
+    let observer = RelayVolumeObserver::new(
+        host,
+        Role::Controller {
+            with_node_state: false,
+        },
+    )
+    .with_view(reader);
+    let id = VOL_ID;
+    let shown = |text: &str| {
+        let mut rv = RelayVolume::new(&object_name(id), spec_of(&volume()).unwrap());
+        rv.status = Some(RelayVolumeStatus {
+            last_error: Some(text.to_string()),
+            ..Default::default()
+        });
+        kube::runtime::watcher::Event::Apply(rv)
+    };
+    writer.apply_watcher_event(&shown(&member_word(
+        "east",
+        "shop",
+        "data",
+        "ProvisioningFailed: no",
+    )));
+    assert!(!observer.shows_failure(id));
+    assert!(observer.shows_member_word(id));
+    writer.apply_watcher_event(&shown("ControllerPublishVolume: Unavailable: no"));
+    assert!(observer.shows_failure(id));
+    assert!(!observer.shows_member_word(id));
+}
