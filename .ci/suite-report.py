@@ -26,7 +26,7 @@ def main(path):
     except FileNotFoundError:
         print("suite report: none written (cargo test stopped before the suite binary ran)")
         return
-    print("\n== suites (real clusters and the fuzz campaign), in the order they ran ==")
+    print("\n== suites (real clusters and the fuzz campaign), in the order they ended ==")
     total = 0.0
     for suite, tests in suites.items():
         secs = sum(t["seconds"] for t in tests)
