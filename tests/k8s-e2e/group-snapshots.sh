@@ -120,9 +120,13 @@ fi
 snap_of() { # snap_of CLAIM : the member VolumeSnapshot of CLAIM
   kn get volumesnapshot -o jsonpath="{range .items[?(@.spec.source.persistentVolumeClaimName=='$1')]}{.metadata.name}{'\n'}{end}" | head -1
 }
+# The group's readyToUse comes first: snapshot-controller then marks each
+# member VolumeSnapshot ready in its own sync, moments later (CI saw one not
+# yet ready at the instant the group was).
+snap_ready() { local s; s=$(snap_of "$1"); [[ -n $s && $(kn get volumesnapshot "$s" -o jsonpath='{.status.readyToUse}') == true ]]; }
 for c in a b; do
-  s=$(snap_of $c)
-  if [[ -n $s && $(kn get volumesnapshot "$s" -o jsonpath='{.status.readyToUse}') == true ]]; then
+  if waitfor 30 snap_ready $c; then
+    s=$(snap_of $c)
     ok "member VolumeSnapshot $s of claim $c ready"
   else
     fail "no ready member VolumeSnapshot of claim $c: $(kn get volumesnapshot -o wide 2>&1 | tail -n +2)"
