@@ -18,13 +18,22 @@ use std::path::PathBuf;
 use crate::csi;
 use crate::domain::capability::Capability;
 use crate::domain::error::{CsiError, CsiResult};
-use crate::domain::params::{SnapshotParams, VolumeParams};
-use crate::domain::volume::{Backing, Snapshot, Volume};
+use crate::domain::params::{GroupSnapshotParams, SnapshotParams, VolumeParams};
+use crate::domain::volume::{Backing, GroupSnapshot, Snapshot, Volume};
 
 /// Where a new volume's initial content comes from.
 pub enum SourceData<'a> {
     Snapshot(&'a Snapshot),
     Volume(&'a Volume),
+}
+
+/// How a group snapshot's members were cut (`Backend::create_group_snapshot`).
+#[derive(Debug)]
+pub enum GroupCut {
+    /// At one instant, by the storage: the snapshots as cut.
+    Whole(Vec<Snapshot>),
+    /// Not by the backend: the caller cuts each, one after another.
+    OneByOne,
 }
 
 /// The health of a volume's backing storage, as CSI's VolumeCondition.
@@ -257,6 +266,37 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Releases a snapshot. Already absent is success.
     async fn delete_snapshot(&self, snap: &Snapshot) -> CsiResult<()>;
+
+    /// Refuses VolumeGroupSnapshotClass parameters this backend does not use
+    /// (INVALID_ARGUMENT naming them).
+    fn check_group_snapshot_parameters(&self, _params: &GroupSnapshotParams) -> CsiResult<()> {
+        Ok(())
+    }
+
+    /// Cuts every snapshot of `group` (each with its source volume) at one
+    /// instant where the storage can: `GroupCut::Whole` with the snapshots
+    /// as cut. `GroupCut::OneByOne`: the caller cuts each with
+    /// `create_snapshot`. Refused with FAILED_PRECONDITION where the group
+    /// cannot be cut as one and its parameters do not accept one by one.
+    /// Idempotent.
+    async fn create_group_snapshot(
+        &self,
+        _group: &GroupSnapshot,
+        _members: &[(Snapshot, Volume)],
+    ) -> CsiResult<GroupCut> {
+        Ok(GroupCut::OneByOne)
+    }
+
+    /// Releases what `create_group_snapshot` made for the group as a whole,
+    /// before each of `snaps` is released with `delete_snapshot`. Already
+    /// absent is success.
+    async fn delete_group_snapshot(
+        &self,
+        _group: &GroupSnapshot,
+        _snaps: &[Snapshot],
+    ) -> CsiResult<()> {
+        Ok(())
+    }
 
     /// Every piece of data the backend keeps on this machine, for the
     /// housekeeping sweep that reclaims data no record owns.

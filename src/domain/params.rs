@@ -124,6 +124,43 @@ pub struct SnapshotParams {
     pub member_snapshot_class: Option<String>,
 }
 
+/// VolumeGroupSnapshotClass parameters.
+#[derive(Deserialize, Debug, Default, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSnapshotParams {
+    #[serde(rename = "csi.storage.k8s.io/volumegroupsnapshot/name")]
+    pub group_name: Option<String>,
+    #[serde(rename = "csi.storage.k8s.io/volumegroupsnapshot/namespace")]
+    pub group_namespace: Option<String>,
+    #[serde(rename = "csi.storage.k8s.io/volumegroupsnapshotcontent/name")]
+    pub content_name: Option<String>,
+    /// Member backend: the VolumeGroupSnapshotClass of the member
+    /// VolumeGroupSnapshot (default: the member's default class of the
+    /// claims' driver).
+    #[serde(rename = "memberGroupSnapshotClass")]
+    pub member_group_snapshot_class: Option<String>,
+    /// Member backend: "true" cuts one member VolumeSnapshot per volume, one
+    /// after another, where the member's driver cannot cut a group: NOT
+    /// crash-consistent (a write between two cuts is in one and not the
+    /// other).
+    #[serde(rename = "perVolumeSnapshots")]
+    pub per_volume_snapshots: Option<Flag>,
+    /// Member backend, with perVolumeSnapshots: the VolumeSnapshotClass of
+    /// those member VolumeSnapshots.
+    #[serde(rename = "memberSnapshotClass")]
+    pub member_snapshot_class: Option<String>,
+}
+
+impl GroupSnapshotParams {
+    /// The parameters of each snapshot cut one by one for the group.
+    pub fn per_volume(&self) -> std::collections::BTreeMap<String, String> {
+        self.member_snapshot_class
+            .iter()
+            .map(|c| ("memberSnapshotClass".to_string(), c.clone()))
+            .collect()
+    }
+}
+
 pub fn decode<T: for<'de> Deserialize<'de>>(
     map: &HashMap<String, String>,
     field: &'static str,

@@ -246,6 +246,11 @@ pub struct Snapshot {
     /// takes far less than `size_bytes`), when the backend knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_bytes: Option<u64>,
+    /// The member VolumeSnapshot, where the member named it: one of a
+    /// member VolumeGroupSnapshot (its snapshot-controller makes them).
+    /// None: `naming::snapshot_name` of the id, made by the relay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_snapshot: Option<String>,
 }
 
 impl Snapshot {

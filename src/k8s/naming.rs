@@ -227,6 +227,24 @@ pub fn snapshot_name(snapshot_id: &str) -> String {
     }
 }
 
+/// The member VolumeSnapshot holding a snapshot's data: the one the member
+/// named (a snapshot of a member VolumeGroupSnapshot), or the relay's own.
+pub fn member_snapshot_of(snap: &crate::domain::volume::Snapshot) -> String {
+    snap.member_snapshot
+        .clone()
+        .unwrap_or_else(|| snapshot_name(&snap.id))
+}
+
+/// The member VolumeGroupSnapshot of a group snapshot id (`group-<uuid>`).
+pub fn group_snapshot_name(group_id: &str) -> String {
+    let name = format!("relay-{group_id}");
+    if is_dns_subdomain(&name) {
+        name
+    } else {
+        format!("relay-group-{:016x}", fnv64(group_id))
+    }
+}
+
 /// The member VolumeAttachment of one volume on one member node.
 pub fn attachment_name(volume_uuid: &str, member_node: &str) -> String {
     format!("relay-{volume_uuid}-{:016x}", fnv64(member_node))

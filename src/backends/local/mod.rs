@@ -24,7 +24,7 @@ use crate::backends::{
 use crate::csi;
 use crate::domain::capability::Capability;
 use crate::domain::error::{CsiError, CsiResult};
-use crate::domain::params::{BackingChoice, SnapshotParams, VolumeParams};
+use crate::domain::params::{BackingChoice, GroupSnapshotParams, SnapshotParams, VolumeParams};
 use crate::domain::settings::MountBacking;
 use crate::domain::topology::TOPOLOGY_NODE_KEY;
 use crate::domain::volume::{Backing, Progress, Snapshot, Volume};
@@ -349,6 +349,25 @@ impl Backend for LocalBackend {
             "parameters",
             format!("{keys:?} configure the member-cluster backend; this driver runs the local backend (--backend local)"),
         ))
+    }
+
+    fn check_group_snapshot_parameters(&self, params: &GroupSnapshotParams) -> CsiResult<()> {
+        let member_keys = [
+            params
+                .member_group_snapshot_class
+                .as_ref()
+                .map(|_| "memberGroupSnapshotClass"),
+            params.per_volume_snapshots.map(|_| "perVolumeSnapshots"),
+            params.member_snapshot_class.as_ref().map(|_| "memberSnapshotClass"),
+        ];
+        let keys: Vec<&str> = member_keys.into_iter().flatten().collect();
+        if !keys.is_empty() {
+            return Err(CsiError::invalid(
+                "parameters",
+                format!("{keys:?} configure the member-cluster backend; this driver runs the local backend (--backend local)"),
+            ));
+        }
+        Ok(())
     }
 
     fn check_snapshot_parameters(&self, params: &SnapshotParams) -> CsiResult<()> {

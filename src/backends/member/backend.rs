@@ -8,18 +8,22 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
 use crate::backends::member::pvc::{self, ClaimPlan, DataSource};
-use crate::backends::member::{attach, capacity, claim_bound, claim_create, namespace, snapshot};
+use crate::backends::member::{
+    attach, capacity, claim_bound, claim_create, group_snapshot, namespace, snapshot,
+};
 use crate::backends::{
-    Backend, CapacityReport, DataKind, Health, NodeSource, OwnAttachment, Placement, SourceData,
-    StoredData,
+    Backend, CapacityReport, DataKind, GroupCut, Health, NodeSource, OwnAttachment, Placement,
+    SourceData, StoredData,
 };
 use crate::csi;
 use crate::domain::capability::Capability;
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::member_source::{self as source, MemberSource, SourceKind};
-use crate::domain::params::{self, BackingChoice, Flag, SnapshotParams, VolumeParams};
+use crate::domain::params::{
+    self, BackingChoice, Flag, GroupSnapshotParams, SnapshotParams, VolumeParams,
+};
 use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
-use crate::domain::volume::{Backing, Snapshot, Volume};
+use crate::domain::volume::{Backing, GroupSnapshot, Snapshot, Volume};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::{self, MemberVolume};
 use crate::k8s::{nodes, WAIT_BUDGET};
@@ -169,7 +173,7 @@ impl MemberBackend {
             None => None,
             Some(SourceData::Snapshot(snap)) => {
                 same_place(format!("snapshot {}", snap.id), &snap.backing)?;
-                Some(DataSource::Snapshot(naming::snapshot_name(&snap.id)))
+                Some(DataSource::Snapshot(naming::member_snapshot_of(snap)))
             }
             Some(SourceData::Volume(src)) => {
                 same_place(format!("volume {}", src.id), &src.backing)?;
@@ -727,8 +731,178 @@ impl Backend for MemberBackend {
             tracing::warn!(snapshot_id = %snap.id, member = %member, namespace = %namespace, "snapshot released: its member cluster is declared lost, and its member VolumeSnapshot is left there");
             return Ok(());
         }
+        if snap.member_snapshot.is_some() {
+            // The member's VolumeGroupSnapshot owns it, and goes first
+            // (delete_group_snapshot): the member deletes it with the group.
+            return Ok(());
+        }
         let cluster = self.cluster(member)?;
         Ok(snapshot::delete(cluster, namespace, &naming::snapshot_name(&snap.id)).await?)
+    }
+
+    fn check_group_snapshot_parameters(&self, params: &GroupSnapshotParams) -> CsiResult<()> {
+        for (key, class) in [
+            ("memberGroupSnapshotClass", &params.member_group_snapshot_class),
+            ("memberSnapshotClass", &params.member_snapshot_class),
+        ] {
+            if let Some(c) = class.as_ref().filter(|c| !naming::is_dns_subdomain(c)) {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!("{key} {c:?} is not a valid class name"),
+                ));
+            }
+        }
+        let per_volume = Flag::on(params.per_volume_snapshots);
+        if per_volume && params.member_group_snapshot_class.is_some() {
+            return Err(CsiError::invalid(
+                "parameters",
+                "memberGroupSnapshotClass names the member class of a group cut at one instant, and perVolumeSnapshots: \"true\" cuts one VolumeSnapshot per volume instead: set one of them",
+            ));
+        }
+        if !per_volume && params.member_snapshot_class.is_some() {
+            return Err(CsiError::invalid(
+                "parameters",
+                "memberSnapshotClass is the class of the per-volume snapshots of perVolumeSnapshots: \"true\"; for a member VolumeGroupSnapshot, name its class with memberGroupSnapshotClass",
+            ));
+        }
+        Ok(())
+    }
+
+    async fn create_group_snapshot(
+        &self,
+        group: &GroupSnapshot,
+        members: &[(Snapshot, Volume)],
+    ) -> CsiResult<GroupCut> {
+        let map: HashMap<String, String> = group.parameters.clone().into_iter().collect();
+        let typed: GroupSnapshotParams = params::decode(&map, "parameters")?;
+        if Flag::on(typed.per_volume_snapshots) {
+            return Ok(GroupCut::OneByOne);
+        }
+        let mut at = Vec::new();
+        for (_, vol) in members {
+            at.push(MemberVolume::of(vol)?);
+        }
+        let Some(first) = at.first() else {
+            return Ok(GroupCut::Whole(Vec::new()));
+        };
+        if let Some(other) = at
+            .iter()
+            .find(|a| a.member != first.member || a.namespace != first.namespace)
+        {
+            return Err(CsiError::FailedPrecondition(format!(
+                "a member VolumeGroupSnapshot takes the claims of one namespace of one member cluster, and these volumes are in {}/{} and {}/{}: group volumes of one class and namespace, {}",
+                first.member,
+                first.namespace,
+                other.member,
+                other.namespace,
+                group_snapshot::PER_VOLUME_HINT
+            )));
+        }
+        let cluster = self.cluster(&first.member)?;
+        let label = cluster.label();
+        let Some(version) = group_snapshot::served_version(cluster).await? else {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{label} serves no VolumeGroupSnapshot API ({}): install external-snapshotter's group snapshot CRDs there with the gate CSIVolumeGroupSnapshot on, {}",
+                group_snapshot::GROUP,
+                group_snapshot::PER_VOLUME_HINT
+            )));
+        };
+        // Every claim the relay's and bound to a PV of one CSI driver: the
+        // member's snapshotter cuts only such groups.
+        let mut driver: Option<String> = None;
+        for ((_, vol), a) in members.iter().zip(&at) {
+            let Some(claim) = pvc::owned(cluster, a, &vol.id).await? else {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{label}: PersistentVolumeClaim {} of volume {} is missing; there is nothing to snapshot",
+                    a.pvc_path(),
+                    vol.id
+                )));
+            };
+            let pv = match pvc::bound_pv(&claim) {
+                Some(name) => pvc::get_pv(cluster, name).await?,
+                None => None,
+            };
+            let its = pv
+                .as_ref()
+                .and_then(|pv| pv.spec.as_ref())
+                .and_then(|s| s.csi.as_ref())
+                .map(|c| c.driver.clone());
+            let Some(its) = its else {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{label}: PersistentVolumeClaim {} of volume {} is not bound to a CSI volume, and only a CSI driver cuts group snapshots; {}",
+                    a.pvc_path(),
+                    vol.id,
+                    group_snapshot::PER_VOLUME_HINT
+                )));
+            };
+            match &driver {
+                Some(d) if *d != its => {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "{label}: the claims are of two CSI drivers ({d:?}, {its:?}), and one VolumeGroupSnapshot is cut by one driver; {}",
+                        group_snapshot::PER_VOLUME_HINT
+                    )))
+                }
+                _ => driver = Some(its),
+            }
+        }
+        let driver = driver.unwrap_or_default();
+        let class = group_snapshot::class_for(
+            cluster,
+            version,
+            &driver,
+            typed.member_group_snapshot_class.as_deref(),
+        )
+        .await?;
+        let name = naming::group_snapshot_name(&group.id);
+        let plan = group_snapshot::GroupPlan {
+            version,
+            name: &name,
+            namespace: &first.namespace,
+            class: &class,
+            group_id: &group.id,
+            driver_name: &self.driver_name,
+            uuids: at.iter().map(|a| a.uuid.clone()).collect(),
+        };
+        let claims: Vec<String> = at.iter().map(|a| a.pvc.clone()).collect();
+        let cut = group_snapshot::ensure_ready(
+            cluster,
+            &group_snapshot::manifest(&plan),
+            &plan,
+            &claims,
+            self.wait,
+        )
+        .await?;
+        let mut snaps = Vec::new();
+        for ((snap, _), a) in members.iter().zip(&at) {
+            let mut snap = snap.clone();
+            snap.member_snapshot = cut.get(&a.pvc).cloned();
+            snaps.push(snap);
+        }
+        Ok(GroupCut::Whole(snaps))
+    }
+
+    async fn delete_group_snapshot(
+        &self,
+        group: &GroupSnapshot,
+        snaps: &[Snapshot],
+    ) -> CsiResult<()> {
+        // Only a group cut at once has a member VolumeGroupSnapshot; one of
+        // per-volume snapshots has nothing of the group's own.
+        let Some(Backing::Member {
+            member, namespace, ..
+        }) = snaps
+            .iter()
+            .find(|s| s.member_snapshot.is_some())
+            .map(|s| &s.backing)
+        else {
+            return Ok(());
+        };
+        if self.is_lost(member) {
+            tracing::warn!(group_snapshot_id = %group.id, member = %member, namespace = %namespace, "group snapshot released: its member cluster is declared lost, and its member VolumeGroupSnapshot is left there");
+            return Ok(());
+        }
+        let cluster = self.cluster(member)?;
+        group_snapshot::delete(cluster, namespace, &naming::group_snapshot_name(&group.id)).await
     }
 
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>> {

@@ -837,6 +837,7 @@ async fn clones_and_restores_use_a_member_data_source() {
         parameters: BTreeMap::new(),
         group_snapshot_id: None,
         allocated_bytes: None,
+        member_snapshot: None,
     };
     let src_pvc = pvc_name(&src);
     let (result, ()) = tokio::join!(
@@ -1632,6 +1633,7 @@ fn snapshot_of(vol: &Volume, parameters: BTreeMap<String, String>) -> Snapshot {
         parameters,
         group_snapshot_id: None,
         allocated_bytes: None,
+        member_snapshot: None,
     }
 }
 
@@ -2126,4 +2128,296 @@ async fn an_unfinished_create_is_abandoned_once_its_host_claim_is_gone() {
     let blind = in_relay(&b);
     let (result, ()) = tokio::join!(b.abandoned(&blind), host.expect_idle());
     assert!(!result.unwrap());
+}
+
+// ---- Group snapshots ---------------------------------------------------------
+
+const GROUPS: &str = "/apis/groupsnapshot.storage.k8s.io/v1beta2/namespaces/relay/volumegroupsnapshots";
+
+fn group_of(parameters: BTreeMap<String, String>) -> GroupSnapshot {
+    GroupSnapshot {
+        id: "group-00aa".into(),
+        name: "g1".into(),
+        source_volume_ids: Vec::new(),
+        snapshot_ids: Vec::new(),
+        created_unix: 0,
+        created_nanos: 0,
+        lifecycle: Lifecycle::Provisioning,
+        parameters,
+    }
+}
+
+/// Two volumes in namespace "relay" of "east", each with its snapshot record.
+fn group_members(b: &MemberBackend) -> Vec<(Snapshot, Volume)> {
+    ["pvc-a", "pvc-b"]
+        .iter()
+        .map(|name| {
+            let vol = volume_named(
+                b,
+                name,
+                params(&[("memberStorageClass", "fast"), ("memberNamespace", "relay")]),
+                vec![mount(AccessMode::SingleNodeWriter)],
+                None,
+            );
+            let mut snap = snapshot_of(&vol, BTreeMap::new());
+            snap.id = format!("snap-{name}");
+            snap.group_snapshot_id = Some("group-00aa".into());
+            (snap, vol)
+        })
+        .collect()
+}
+
+fn api_groups(versions: &[&str]) -> Value {
+    let versions: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("groupsnapshot.storage.k8s.io/{v}"), "version": v}))
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": "snapshot.storage.k8s.io",
+         "versions": [{"groupVersion": "snapshot.storage.k8s.io/v1", "version": "v1"}],
+         "preferredVersion": {"groupVersion": "snapshot.storage.k8s.io/v1", "version": "v1"}},
+        {"name": "groupsnapshot.storage.k8s.io", "versions": versions,
+         "preferredVersion": versions.first().cloned().unwrap_or(json!(null))}]})
+}
+
+fn driver_pv(name: &str, driver: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+           "spec": {"csi": {"driver": driver, "volumeHandle": format!("h-{name}")}}})
+}
+
+/// The member's claims and PVs of `members` (PVs of `drivers`, in turn).
+async fn group_claims(api: &mut MockApi, members: &[(Snapshot, Volume)], drivers: &[&str]) {
+    for ((_, vol), driver) in members.iter().zip(drivers) {
+        let pv = format!("pv-{}", pvc_name(vol));
+        api.expect("GET", &format!("{PVCS}/{}", pvc_name(vol)))
+            .await
+            .ok(claim(vol, "Bound", Some(&pv)));
+        api.expect("GET", &format!("/api/v1/persistentvolumes/{pv}"))
+            .await
+            .ok(driver_pv(&pv, driver));
+    }
+}
+
+fn group_class(name: &str, driver: &str, default: bool) -> Value {
+    let annotations = if default {
+        json!({"groupsnapshot.storage.kubernetes.io/is-default-class": "true"})
+    } else {
+        json!({})
+    };
+    json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta2", "kind": "VolumeGroupSnapshotClass",
+           "metadata": {"name": name, "annotations": annotations},
+           "driver": driver, "deletionPolicy": "Delete"})
+}
+
+fn list_of(kind: &str, items: Vec<Value>) -> Value {
+    json!({"kind": format!("{kind}List"), "apiVersion": "v1", "metadata": {}, "items": items})
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_group_is_one_member_volume_group_snapshot_mapped_back_by_claim() {
+    let (b, mut api) = east();
+    let members = group_members(&b);
+    let group = group_of(BTreeMap::new());
+    let claims: Vec<String> = members.iter().map(|(_, v)| pvc_name(v)).collect();
+    let uuids: Vec<String> = members
+        .iter()
+        .map(|(_, v)| MemberVolume::of(v).unwrap().uuid)
+        .collect();
+    let (result, ()) = tokio::join!(b.create_group_snapshot(&group, &members), async {
+        api.expect("GET", "/apis")
+            .await
+            .ok(api_groups(&["v1beta2", "v1beta1"]));
+        group_claims(&mut api, &members, &["hostpath.csi.k8s.io"; 2]).await;
+        api.expect_page("/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshotclasses")
+            .await
+            .ok(list_of(
+                "VolumeGroupSnapshotClass",
+                vec![
+                    group_class("other-default", "other.csi", true),
+                    group_class("plain", "hostpath.csi.k8s.io", false),
+                    group_class("hp-group", "hostpath.csi.k8s.io", true),
+                ],
+            ));
+        let post = api.expect("POST", GROUPS).await;
+        assert_eq!(post.body["kind"], "VolumeGroupSnapshot");
+        assert_eq!(post.body["metadata"]["name"], "relay-group-00aa");
+        assert_eq!(
+            post.body["metadata"]["labels"][naming::MANAGED_BY],
+            naming::MANAGER
+        );
+        assert_eq!(
+            post.body["metadata"]["annotations"]["relay.csi.dev/group-snapshot-id"],
+            "group-00aa"
+        );
+        assert_eq!(
+            post.body["spec"],
+            json!({"volumeGroupSnapshotClassName": "hp-group",
+                   "source": {"selector": {"matchExpressions": [
+                       {"key": naming::VOLUME_UUID_LABEL, "operator": "In", "values": uuids}]}}})
+        );
+        let mut ready = post.body.clone();
+        ready["metadata"]["uid"] = json!("uid-g");
+        ready["status"] = json!({"readyToUse": true});
+        post.reply(201, ready);
+        let snap = |name: &str, claim: &str, owner: &str, ready: bool| {
+            json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                   "metadata": {"name": name, "namespace": "relay", "ownerReferences": [
+                       {"apiVersion": "groupsnapshot.storage.k8s.io/v1beta2", "kind": "VolumeGroupSnapshot",
+                        "name": "relay-group-00aa", "uid": owner}]},
+                   "spec": {"source": {"persistentVolumeClaimName": claim}},
+                   "status": {"readyToUse": ready}})
+        };
+        // The group is ready before the member marks its VolumeSnapshots so:
+        // the cut waits for them; another group's snapshot is no answer.
+        api.expect_page(SNAPS).await.ok(list_of(
+            "VolumeSnapshot",
+            vec![
+                snap("snapshot-1", &claims[0], "uid-g", true),
+                snap("snapshot-2", &claims[1], "uid-g", false),
+                snap("snapshot-x", &claims[1], "uid-other", true),
+            ],
+        ));
+        let mut again = json!({"apiVersion": "groupsnapshot.storage.k8s.io/v1beta2",
+            "kind": "VolumeGroupSnapshot",
+            "metadata": {"name": "relay-group-00aa", "namespace": "relay", "uid": "uid-g"},
+            "status": {"readyToUse": true}});
+        api.expect("GET", &format!("{GROUPS}/relay-group-00aa"))
+            .await
+            .ok(again.take());
+        api.expect_page(SNAPS).await.ok(list_of(
+            "VolumeSnapshot",
+            vec![
+                snap("snapshot-1", &claims[0], "uid-g", true),
+                snap("snapshot-2", &claims[1], "uid-g", true),
+            ],
+        ));
+        api.expect_idle().await;
+    });
+    let GroupCut::Whole(snaps) = result.unwrap() else {
+        panic!("a member with group snapshots cuts the group as one");
+    };
+    let names: Vec<_> = snaps.iter().map(|s| s.member_snapshot.clone()).collect();
+    assert_eq!(
+        names,
+        vec![Some("snapshot-1".into()), Some("snapshot-2".into())]
+    );
+    assert_eq!(snaps[0].id, "snap-pvc-a");
+    // A restore is a claim from the member's VolumeSnapshot; deleting the
+    // snapshot alone asks nothing of the member (its group owns it).
+    assert_eq!(naming::member_snapshot_of(&snaps[1]), "snapshot-2");
+    let (result, ()) = tokio::join!(b.delete_snapshot(&snaps[0]), api.expect_idle());
+    result.unwrap();
+    let (result, ()) = tokio::join!(b.delete_group_snapshot(&group, &snaps), async {
+        api.expect("GET", "/apis")
+            .await
+            .ok(api_groups(&["v1beta2", "v1beta1"]));
+        api.expect("DELETE", &format!("{GROUPS}/relay-group-00aa"))
+            .await
+            .not_found();
+    });
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_cannot_cut_a_group_is_refused_unless_the_class_takes_one_by_one() {
+    let (b, mut api) = east();
+    let members = group_members(&b);
+    let plain = group_of(BTreeMap::new());
+    // No group snapshot API.
+    let (result, ()) = tokio::join!(
+        b.create_group_snapshot(&plain, &members),
+        async {
+            api.expect("GET", "/apis").await.ok(api_groups(&[]));
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let text = err.to_string();
+    assert!(text.contains("member cluster east serves no VolumeGroupSnapshot API"), "{text}");
+    assert!(text.contains("perVolumeSnapshots"), "{text}");
+    // The API, but no class of the claims' driver.
+    let (result, ()) = tokio::join!(
+        b.create_group_snapshot(&plain, &members),
+        async {
+            api.expect("GET", "/apis").await.ok(api_groups(&["v1beta2"]));
+            group_claims(&mut api, &members, &["hostpath.csi.k8s.io"; 2]).await;
+            api.expect_page("/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshotclasses")
+                .await
+                .ok(list_of(
+                    "VolumeGroupSnapshotClass",
+                    vec![group_class("other", "other.csi", true)],
+                ));
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.to_string()
+            .contains("no VolumeGroupSnapshotClass of driver \"hostpath.csi.k8s.io\""),
+        "{err}"
+    );
+    // Claims of two drivers.
+    let (result, ()) = tokio::join!(
+        b.create_group_snapshot(&plain, &members),
+        async {
+            api.expect("GET", "/apis").await.ok(api_groups(&["v1beta1"]));
+            group_claims(&mut api, &members, &["a.csi", "b.csi"]).await;
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("two CSI drivers"), "{err}");
+    // The class opts in to one by one: the member is not even asked.
+    let per_volume = group_of(params(&[("perVolumeSnapshots", "true")]));
+    let (result, ()) = tokio::join!(
+        b.create_group_snapshot(&per_volume, &members),
+        api.expect_idle()
+    );
+    assert!(matches!(result.unwrap(), GroupCut::OneByOne));
+    // Nothing of the group's own to delete then.
+    let snaps: Vec<Snapshot> = members.iter().map(|(s, _)| s.clone()).collect();
+    let (result, ()) = tokio::join!(
+        b.delete_group_snapshot(&per_volume, &snaps),
+        api.expect_idle()
+    );
+    result.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_group_across_namespaces_is_refused_and_parameters_are_checked() {
+    let (b, mut api) = east();
+    let mut members = group_members(&b);
+    let other = volume_named(
+        &b,
+        "pvc-c",
+        params(&[("memberStorageClass", "fast"), ("memberNamespace", "other")]),
+        vec![mount(AccessMode::SingleNodeWriter)],
+        None,
+    );
+    members[1].1 = other;
+    let plain = group_of(BTreeMap::new());
+    let (result, ()) = tokio::join!(
+        b.create_group_snapshot(&plain, &members),
+        api.expect_idle()
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.to_string().contains("east/relay and east/other"), "{err}");
+
+    let check = |pairs: &[(&str, &str)]| {
+        let map: HashMap<String, String> = params(pairs).into_iter().collect();
+        let typed: GroupSnapshotParams = params::decode(&map, "parameters")?;
+        b.check_group_snapshot_parameters(&typed)
+    };
+    check(&[("memberGroupSnapshotClass", "hp-group")]).unwrap();
+    check(&[("perVolumeSnapshots", "true"), ("memberSnapshotClass", "snap")]).unwrap();
+    for bad in [
+        &[("memberGroupSnapshotClass", "Not/A/Name")][..],
+        &[("perVolumeSnapshots", "true"), ("memberGroupSnapshotClass", "hp-group")],
+        &[("memberSnapshotClass", "snap")],
+        &[("perVolumeSnapshots", "yes")],
+        &[("groupClass", "x")],
+    ] {
+        assert_eq!(check(bad).unwrap_err().code(), Code::InvalidArgument, "{bad:?}");
+    }
 }

@@ -21,6 +21,7 @@ pub mod capacity;
 pub mod claim_bound;
 pub mod claim_copy;
 pub mod claim_create;
+pub mod group_snapshot;
 pub mod namespace;
 pub mod pvc;
 pub mod snapshot;

@@ -1,13 +1,17 @@
 //! GroupController: Create/Delete/GetVolumeGroupSnapshot. A group snapshot
 //! is one snapshot per source volume, cut while every source volume is held
-//! by the in-flight limiter so no other operation changes them meanwhile.
+//! by the in-flight limiter so no other operation changes them meanwhile:
+//! at one instant by the storage where the backend can (a member
+//! VolumeGroupSnapshot), else one after another.
 
 use std::collections::BTreeMap;
 
 use crate::csi;
+use crate::backends::GroupCut;
 use crate::domain::error::{CsiError, CsiResult};
+use crate::domain::params::{self, GroupSnapshotParams};
 use crate::domain::validate;
-use crate::domain::volume::{GroupSnapshot, Lifecycle, Snapshot};
+use crate::domain::volume::{GroupSnapshot, Lifecycle, Snapshot, Volume};
 use crate::ops::controller::{snapshot, wire};
 use crate::ops::driver::{now, Driver};
 use crate::rt::limiter::{group_key, group_name_key, volume_key};
@@ -50,6 +54,8 @@ pub async fn create(
     sources.dedup();
     validate::map(&req.parameters, "parameters")?;
     validate::secrets(&req.secrets)?;
+    let typed: GroupSnapshotParams = params::decode(&req.parameters, "parameters")?;
+    d.backend.check_group_snapshot_parameters(&typed)?;
     let parameters: BTreeMap<String, String> = req.parameters.into_iter().collect();
 
     let mut keys = vec![group_name_key(&name)];
@@ -111,7 +117,7 @@ pub async fn create(
             None => snapshot::new_record(
                 &format!("{}/{}", group.id, v.id),
                 v,
-                parameters.clone(),
+                typed.per_volume(),
                 Some(&group.id),
             ),
         };
@@ -120,9 +126,34 @@ pub async fn create(
     group.snapshot_ids = planned.iter().map(|s| s.id.clone()).collect();
     let pending = group.clone();
     d.db(move |s| s.put_group(&pending)).await?;
+    // Each member snapshot recorded before the backend cuts anything, so
+    // DeleteVolumeGroupSnapshot after a failed or abandoned create finds
+    // what to release.
+    let records = planned.clone();
+    d.db(move |s| {
+        records
+            .iter()
+            .filter(|r| r.lifecycle != Lifecycle::Ready)
+            .try_for_each(|r| s.put_snapshot(r))
+    })
+    .await?;
+    let pairs: Vec<(Snapshot, Volume)> = planned.into_iter().zip(volumes).collect();
     let mut done = Vec::new();
-    for (snap, vol) in planned.into_iter().zip(&volumes) {
-        done.push(snapshot::cut(d, snap, vol).await?);
+    match d.backend.create_group_snapshot(&group, &pairs).await? {
+        GroupCut::OneByOne => {
+            for (snap, vol) in pairs {
+                done.push(snapshot::cut(d, snap, &vol).await?);
+            }
+        }
+        GroupCut::Whole(cut) => {
+            for mut snap in cut {
+                snap.lifecycle = Lifecycle::Ready;
+                done.push(snap);
+            }
+            let records = done.clone();
+            d.db(move |s| records.iter().try_for_each(|r| s.put_snapshot(r)))
+                .await?;
+        }
     }
     group.lifecycle = Lifecycle::Ready;
     let ready = group.clone();
@@ -167,7 +198,9 @@ pub async fn delete(
         let marked = group.clone();
         d.db(move |s| s.put_group(&marked)).await?;
     }
-    for snap in members(d, &group).await? {
+    let snaps = members(d, &group).await?;
+    d.backend.delete_group_snapshot(&group, &snaps).await?;
+    for snap in snaps {
         snapshot::remove(d, snap).await?;
     }
     d.db(move |s| s.remove_group(&id)).await?;

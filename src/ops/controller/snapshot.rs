@@ -49,6 +49,7 @@ pub fn new_record(
         parameters,
         group_snapshot_id: group.map(str::to_string),
         allocated_bytes: None,
+        member_snapshot: None,
     }
 }
 

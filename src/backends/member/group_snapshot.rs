@@ -1,0 +1,315 @@
+//! Member VolumeGroupSnapshots: the member claims of a host group snapshot
+//! cut at one instant by the member's own snapshot-controller and driver,
+//! and the VolumeSnapshots it makes mapped back to the relay's snapshots.
+//! Through the dynamic API: the group snapshot CRDs are not part of
+//! k8s-openapi, and members serve different versions of them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+
+use crate::domain::error::{CsiError, CsiResult};
+use crate::k8s::cluster::Cluster;
+use crate::k8s::naming;
+use crate::k8s::POLL_INTERVAL;
+
+pub const GROUP: &str = "groupsnapshot.storage.k8s.io";
+/// The versions the relay can speak, newest first: the fields it uses
+/// (spec.source.selector, spec.volumeGroupSnapshotClassName,
+/// status.readyToUse, status.error) are the same in each.
+const VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1beta1"];
+pub const DEFAULT_CLASS_ANNOTATION: &str = "groupsnapshot.storage.kubernetes.io/is-default-class";
+/// The annotation naming the host group snapshot a member one is cut for.
+pub const GROUP_ID_ANNOTATION: &str = "relay.csi.dev/group-snapshot-id";
+
+fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, version, kind), plural)
+}
+
+fn groups(version: &str) -> ApiResource {
+    resource(version, "VolumeGroupSnapshot", "volumegroupsnapshots")
+}
+
+fn classes(version: &str) -> ApiResource {
+    resource(
+        version,
+        "VolumeGroupSnapshotClass",
+        "volumegroupsnapshotclasses",
+    )
+}
+
+/// The group snapshot API version the member serves (its preferred one
+/// when the relay speaks it), `None` when it serves none the relay knows.
+pub async fn served_version(cluster: &Cluster) -> CsiResult<Option<&'static str>> {
+    let client = cluster.client();
+    let list = cluster
+        .run("discover API groups", client.list_api_groups())
+        .await?;
+    let Some(group) = list.groups.iter().find(|g| g.name == GROUP) else {
+        return Ok(None);
+    };
+    let preferred = group
+        .preferred_version
+        .as_ref()
+        .map(|v| v.version.as_str());
+    let known = |v: &str| VERSIONS.iter().copied().find(|k| *k == v);
+    if let Some(v) = preferred.and_then(known) {
+        return Ok(Some(v));
+    }
+    Ok(VERSIONS
+        .iter()
+        .copied()
+        .find(|k| group.versions.iter().any(|v| v.version == *k)))
+}
+
+/// How to use group snapshots when the member cannot: said in every refusal.
+pub const PER_VOLUME_HINT: &str = "or set perVolumeSnapshots: \"true\" in the VolumeGroupSnapshotClass to cut one member VolumeSnapshot per volume, one after another (NOT crash-consistent)";
+
+/// The member VolumeGroupSnapshotClass to cut with: `named`, which must be
+/// of `driver`, or else the member's one default class of `driver`.
+pub async fn class_for(
+    cluster: &Cluster,
+    version: &str,
+    driver: &str,
+    named: Option<&str>,
+) -> CsiResult<String> {
+    let api: Api<DynamicObject> = Api::all_with(cluster.client(), &classes(version));
+    let mut of_driver: Vec<(String, bool)> = Vec::new();
+    let mut found_named: Option<String> = None;
+    cluster
+        .list_pages(
+            "list VolumeGroupSnapshotClasses",
+            &api,
+            kube::api::ListParams::default(),
+            |items| {
+                for c in items {
+                    let name = c.metadata.name.clone().unwrap_or_default();
+                    let its = c.data["driver"].as_str().unwrap_or_default().to_string();
+                    if Some(name.as_str()) == named {
+                        found_named = Some(its.clone());
+                    }
+                    if its == driver {
+                        let default = c
+                            .metadata
+                            .annotations
+                            .as_ref()
+                            .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                            .is_some_and(|v| v == "true");
+                        of_driver.push((name, default));
+                    }
+                }
+                Ok::<_, CsiError>(())
+            },
+        )
+        .await?;
+    let label = cluster.label();
+    if let Some(named) = named {
+        return match found_named {
+            Some(its) if its == driver => Ok(named.to_string()),
+            Some(its) => Err(CsiError::FailedPrecondition(format!(
+                "{label}: VolumeGroupSnapshotClass {named} (memberGroupSnapshotClass) is of driver {its:?}, but the claims are of {driver:?}"
+            ))),
+            None => Err(CsiError::FailedPrecondition(format!(
+                "{label} has no VolumeGroupSnapshotClass {named} (memberGroupSnapshotClass)"
+            ))),
+        };
+    }
+    let defaults: Vec<&String> = of_driver.iter().filter(|c| c.1).map(|c| &c.0).collect();
+    match defaults.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] if of_driver.is_empty() => Err(CsiError::FailedPrecondition(format!(
+            "{label} has no VolumeGroupSnapshotClass of driver {driver:?}: it offers no group snapshots of these claims there; make one if the driver can cut groups, {PER_VOLUME_HINT}"
+        ))),
+        [] => Err(CsiError::FailedPrecondition(format!(
+            "{label}: none of the VolumeGroupSnapshotClasses of driver {driver:?} ({:?}) is the default ({DEFAULT_CLASS_ANNOTATION}); name one as memberGroupSnapshotClass",
+            of_driver.iter().map(|c| &c.0).collect::<Vec<_>>()
+        ))),
+        many => Err(CsiError::FailedPrecondition(format!(
+            "{label}: driver {driver:?} has several default VolumeGroupSnapshotClasses ({many:?}); name one as memberGroupSnapshotClass"
+        ))),
+    }
+}
+
+/// What one member VolumeGroupSnapshot is made from.
+pub struct GroupPlan<'a> {
+    pub version: &'a str,
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub class: &'a str,
+    pub group_id: &'a str,
+    pub driver_name: &'a str,
+    /// The uuid label of each member claim: the selector takes exactly them.
+    pub uuids: Vec<String>,
+}
+
+pub fn manifest(plan: &GroupPlan<'_>) -> DynamicObject {
+    let mut obj = DynamicObject::new(plan.name, &groups(plan.version)).within(plan.namespace);
+    obj.metadata.labels = Some(BTreeMap::from([(
+        naming::MANAGED_BY.to_string(),
+        naming::MANAGER.to_string(),
+    )]));
+    obj.metadata.annotations = Some(BTreeMap::from([
+        (GROUP_ID_ANNOTATION.to_string(), plan.group_id.to_string()),
+        (
+            naming::DRIVER_ANNOTATION.to_string(),
+            plan.driver_name.to_string(),
+        ),
+    ]));
+    obj.data = serde_json::json!({
+        "spec": {
+            "volumeGroupSnapshotClassName": plan.class,
+            "source": {"selector": {"matchExpressions": [{
+                "key": naming::VOLUME_UUID_LABEL,
+                "operator": "In",
+                "values": plan.uuids,
+            }]}},
+        }
+    });
+    obj
+}
+
+fn status_error(obj: &DynamicObject) -> Option<String> {
+    obj.data["status"]["error"]["message"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Creates (or adopts) the member VolumeGroupSnapshot and waits up to
+/// `wait` until it and a VolumeSnapshot of each of `claims` are ready to
+/// use; returns each claim's member VolumeSnapshot. Not ready in time is
+/// UNAVAILABLE (the CO retries).
+pub async fn ensure_ready(
+    cluster: &Cluster,
+    obj: &DynamicObject,
+    plan: &GroupPlan<'_>,
+    claims: &[String],
+    wait: Duration,
+) -> CsiResult<BTreeMap<String, String>> {
+    let (name, namespace) = (plan.name, plan.namespace);
+    let label = cluster.label();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), namespace, &groups(plan.version));
+    let get_what = format!("get VolumeGroupSnapshot {namespace}/{name}");
+    let created = cluster
+        .create_or_missing(
+            &format!("create VolumeGroupSnapshot {namespace}/{name}"),
+            api.create(&PostParams::default(), obj),
+        )
+        .await?;
+    let mut current = match created {
+        Ok(Some(created)) => created,
+        Ok(None) => {
+            let existing = cluster.fetch(&get_what, api.get(name)).await?.ok_or_else(|| {
+                CsiError::Aborted(format!(
+                    "{label}: VolumeGroupSnapshot {namespace}/{name} vanished while being created; retry"
+                ))
+            })?;
+            let owner = existing
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(GROUP_ID_ANNOTATION));
+            if owner.map(String::as_str) != Some(plan.group_id) {
+                return Err(CsiError::FailedPrecondition(format!(
+                    "{label}: VolumeGroupSnapshot {namespace}/{name} exists but was not cut for group snapshot {}",
+                    plan.group_id
+                )));
+            }
+            existing
+        }
+        Err(message) => {
+            return Err(CsiError::FailedPrecondition(format!(
+                "{label}: cannot create VolumeGroupSnapshot {namespace}/{name}: {message}"
+            )))
+        }
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let mut waiting = "it is not ready to use yet".to_string();
+        if current.data["status"]["readyToUse"].as_bool() == Some(true) {
+            let uid = current.metadata.uid.clone().unwrap_or_default();
+            let found = snapshots_of(cluster, namespace, name, &uid).await?;
+            let missing: Vec<&String> = claims
+                .iter()
+                .filter(|c| !found.get(*c).is_some_and(|s| s.1))
+                .collect();
+            if missing.is_empty() {
+                return Ok(found.into_iter().map(|(c, (s, _))| (c, s)).collect());
+            }
+            waiting = format!("the VolumeSnapshots of claims {missing:?} are not ready to use yet");
+        }
+        if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
+            let why = status_error(&current)
+                .map(|e| format!(": the member's snapshotter reports {e:?}"))
+                .unwrap_or_default();
+            return Err(CsiError::Unavailable(format!(
+                "{label}: VolumeGroupSnapshot {namespace}/{name}: {waiting}{why}; retry"
+            )));
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+        current = cluster.fetch(&get_what, api.get(name)).await?.ok_or_else(|| {
+            CsiError::Aborted(format!(
+                "{label}: VolumeGroupSnapshot {namespace}/{name} was deleted while being cut; retry"
+            ))
+        })?;
+    }
+}
+
+/// The VolumeSnapshots the member made for its VolumeGroupSnapshot `group`
+/// (owned by it, or naming it in their status), by the claim each is of:
+/// (name, ready to use). Names the member chose are checked before use.
+async fn snapshots_of(
+    cluster: &Cluster,
+    namespace: &str,
+    group: &str,
+    uid: &str,
+) -> CsiResult<BTreeMap<String, (String, bool)>> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), namespace, &super::snapshot::resource());
+    let mut found = BTreeMap::new();
+    cluster
+        .list_pages(
+            "list VolumeSnapshots",
+            &api,
+            kube::api::ListParams::default(),
+            |items| {
+                for s in items {
+                    let owned = s.metadata.owner_references.iter().flatten().any(|o| {
+                        o.kind == "VolumeGroupSnapshot" && !uid.is_empty() && o.uid == uid
+                    });
+                    let named = s.data["status"]["volumeGroupSnapshotName"].as_str() == Some(group);
+                    let (Some(name), Some(claim)) = (
+                        s.metadata.name.clone(),
+                        s.data["spec"]["source"]["persistentVolumeClaimName"].as_str(),
+                    ) else {
+                        continue;
+                    };
+                    if (owned || named) && naming::is_dns_subdomain(&name) {
+                        let ready = s.data["status"]["readyToUse"].as_bool() == Some(true);
+                        found.insert(claim.to_string(), (name, ready));
+                    }
+                }
+                Ok::<_, CsiError>(())
+            },
+        )
+        .await?;
+    Ok(found)
+}
+
+/// Deletes the member VolumeGroupSnapshot (its class's deletionPolicy
+/// decides what becomes of the data); already gone, or no group snapshot
+/// API at all, is success.
+pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult<()> {
+    let Some(version) = served_version(cluster).await? else {
+        return Ok(());
+    };
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), namespace, &groups(version));
+    Ok(cluster
+        .remove(
+            &format!("delete VolumeGroupSnapshot {namespace}/{name}"),
+            api.delete(name, &DeleteParams::background()),
+        )
+        .await?)
+}
