@@ -26,9 +26,11 @@ use std::time::Duration;
 
 use crate::backends::{DataKind, OwnAttachment, StoredData};
 use crate::domain::error::CsiResult;
-use crate::domain::volume::{Lifecycle, Snapshot, Volume};
+use crate::domain::volume::{GroupSnapshot, Lifecycle, Snapshot, Volume};
 use crate::ops::driver::{now, Driver};
-use crate::rt::limiter::{snapshot_key, snapshot_name_key, volume_key, volume_name_key};
+use crate::rt::limiter::{
+    group_key, group_name_key, snapshot_key, snapshot_name_key, volume_key, volume_name_key,
+};
 
 /// Delay of the first sweep after start-up.
 const FIRST_SWEEP_AFTER: Duration = Duration::from_secs(2);
@@ -43,6 +45,10 @@ pub struct Report {
     /// Unfinished creates rolled back because their claim is gone.
     pub abandoned_volumes: usize,
     pub expired_snapshots: usize,
+    /// Group snapshots whose create was never finished, rolled back with
+    /// their member snapshots (and what the backend made for the group).
+    pub expired_group_snapshots: usize,
+    pub finished_group_snapshot_deletes: usize,
     pub finished_volume_deletes: usize,
     pub finished_snapshot_deletes: usize,
     pub reclaimed_data: usize,
@@ -166,6 +172,11 @@ pub async fn sweep(d: &Driver) -> CsiResult<Report> {
             && (snap.lifecycle == Lifecycle::Deleting || stale(snap.created_unix, grace));
         if due {
             sweep_snapshot(d, snap, &mut report).await;
+        }
+    }
+    for group in d.db(|s| s.unfinished_groups()).await? {
+        if group.lifecycle == Lifecycle::Deleting || stale(group.created_unix, grace) {
+            sweep_group(d, group, &mut report).await;
         }
     }
     for data in d.backend.stored_data().await? {
@@ -350,6 +361,39 @@ async fn sweep_snapshot(d: &Driver, snap: Snapshot, report: &mut Report) {
         }
         Err(e) => {
             tracing::warn!(snapshot_id = %snap.id, error = %e, "housekeeping: cannot clean up snapshot; will retry")
+        }
+    }
+}
+
+/// A group snapshot whose create was refused or abandoned: the CO never got
+/// its id, so nothing else would ever delete it.
+async fn sweep_group(d: &Driver, group: GroupSnapshot, report: &mut Report) {
+    let mut keys = vec![group_name_key(&group.name), group_key(&group.id)];
+    keys.extend(group.source_volume_ids.iter().map(|v| volume_key(v)));
+    let Ok(_guard) = d.limiter.try_acquire(&keys) else {
+        report.busy += 1;
+        return;
+    };
+    let id = group.id.clone();
+    let Ok(Some(group)) = d.db(move |s| s.group(&id)).await else {
+        return;
+    };
+    if group.lifecycle == Lifecycle::Ready {
+        return;
+    }
+    let expired = group.lifecycle == Lifecycle::Provisioning;
+    match crate::ops::controller::group_snapshot::remove(d, group.clone()).await {
+        Ok(()) if expired => {
+            tracing::warn!(group_snapshot_id = %group.id, name = %group.name, "housekeeping: rolled back a group snapshot whose CreateVolumeGroupSnapshot was never finished");
+            crate::rt::metrics::housekeeping("expired_group_snapshot");
+            report.expired_group_snapshots += 1;
+        }
+        Ok(()) => {
+            crate::rt::metrics::housekeeping("finished_group_snapshot_delete");
+            report.finished_group_snapshot_deletes += 1;
+        }
+        Err(e) => {
+            tracing::warn!(group_snapshot_id = %group.id, error = %e, "housekeeping: cannot clean up group snapshot; will retry")
         }
     }
 }

@@ -27,12 +27,14 @@ pub struct Metrics {
 }
 
 /// The `action` values of `housekeeping_total`.
-pub const HOUSEKEEPING_ACTIONS: [&str; 9] = [
+pub const HOUSEKEEPING_ACTIONS: [&str; 11] = [
     "abandoned_volume",
     "collected_attachment",
     "detached_loop",
+    "expired_group_snapshot",
     "expired_snapshot",
     "expired_volume",
+    "finished_group_snapshot_delete",
     "finished_snapshot_delete",
     "finished_volume_delete",
     "quarantined_record",

@@ -510,6 +510,19 @@ impl Store {
         }
     }
 
+    /// Group snapshot records whose create or delete has not finished.
+    pub fn unfinished_groups(&self) -> StoreResult<Vec<GroupSnapshot>> {
+        Ok(self
+            .page(
+                GROUPS,
+                "group_snapshots",
+                None,
+                usize::MAX,
+                |g: &GroupSnapshot| g.lifecycle != crate::domain::volume::Lifecycle::Ready,
+            )?
+            .items)
+    }
+
     pub fn put_group(&self, group: &GroupSnapshot) -> StoreResult<()> {
         self.write(
             true,

@@ -56,6 +56,7 @@ if [[ -d $RUN/member-lab ]]; then
     "$KL/kubelet-node-down.sh" "$RUN/member-lab" "$MEMBER_KUBECONFIG" $M_KL_NODE > "$RUN/logs/member-node-down.log" 2>&1 || rc=1
     km delete storageclass $M_KL_CLASS $M_KL_CLASS-wffc --ignore-not-found > /dev/null 2>&1
     km delete volumesnapshotclass $M_KL_SNAPCLASS --ignore-not-found > /dev/null 2>&1
+    km delete volumegroupsnapshotclass $M_KL_GROUPCLASS --ignore-not-found > /dev/null 2>&1
     km delete csidriver $M_KL_DRIVER --ignore-not-found > /dev/null 2>&1
     km taint node "$MEMBER_NODE" "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true
   else
@@ -64,6 +65,7 @@ if [[ -d $RUN/member-lab ]]; then
 fi
 if kh get --raw /readyz > /dev/null 2>&1; then
   kh delete volumesnapshotclass $SNAPCLASS $MEMBER_SNAPCLASS --ignore-not-found > /dev/null 2>&1
+  kh delete volumegroupsnapshotclass relay-local-group relay-member-group --ignore-not-found > /dev/null 2>&1
   kh delete storageclass $CLASS $CLASS_WFFC $MEMBER_CLASS --ignore-not-found > /dev/null 2>&1
   kh delete csidriver $DRIVER $MEMBER_DRIVER --ignore-not-found > /dev/null 2>&1
   kh taint node "$HOST_REAL_NODE" "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# group-snapshots.sh RUN_DIR : a VolumeGroupSnapshot of two claims through the
-# stock snapshot-controller and csi-snapshotter (both with the feature gate
-# CSIVolumeGroupSnapshot, as env-up.sh starts them), on the env
-# tests/k8s-e2e/env-up.sh RUN_DIR brought up (local backend, host-kl-1):
+# group-snapshots.sh RUN_DIR [local|member] : a VolumeGroupSnapshot of two
+# claims through the stock snapshot-controller and csi-snapshotter (both with
+# the feature gate CSIVolumeGroupSnapshot, as env-up.sh starts them), on the
+# env tests/k8s-e2e/env-up.sh RUN_DIR brought up (pods on host-kl-1), of the
+# local backend's class, or of the member backend's (MEMBER=1): then the
+# member cuts one VolumeGroupSnapshot of the member claims with hostpath's
+# own group snapshot (its default class kl-hostpath-group), the relay maps
+# its VolumeSnapshots back, and the restores are member claims from them;
+# a class naming a member class that is not there is refused, saying so.
 #   1. two claims of class relay-local with the label group=g1, a pod on
 #      host-kl-1 writes a different file into each;
 #   2. a VolumeGroupSnapshotClass of relay.csi.dev and a VolumeGroupSnapshot
@@ -16,7 +21,8 @@
 #      the member VolumeSnapshots go; then every claim: no PV left.
 # Prints "ok"/"FAIL" per check and "figure:" lines; exits 1 on any FAIL.
 set -uo pipefail
-RUN=${1:?usage: group-snapshots.sh RUN_DIR}
+RUN=${1:?usage: group-snapshots.sh RUN_DIR [local|member]}
+BACKEND=${2:-local}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 : "${E2E_HOME:?set E2E_HOME}"
 source "$E2E_HOME/run/env/env.sh"
@@ -24,6 +30,12 @@ source "$HERE/settings.sh"
 RUN=$(cd "$RUN" && pwd)
 source "$RUN/env.sh"
 NS=relay-group-snapshots
+GROUPCLASS=relay-local-group
+if [[ $BACKEND == member ]]; then
+  [[ $(sed -n 's/^export K8SE2E_MEMBER=//p' "$RUN/env.sh") == 1 ]] ||
+    { echo "skipped: no member backend in this env (MEMBER=1)"; exit 0; }
+  NS=relay-group-snapshots-member CLASS=$MEMBER_CLASS DRIVER=$MEMBER_DRIVER GROUPCLASS=relay-member-group
+fi
 source "$HERE/checks.inc.sh"
 IMAGE=$(awk '$1 ~ /e2e-test-images\/busybox:1\.36\.1-1$/ {print $1; exit}' "$E2E_HOME/images/images.txt")
 [[ -n $IMAGE ]] || { echo "no e2e-test-images/busybox:1.36.1-1 in $E2E_HOME/images/images.txt" >&2; exit 2; }
@@ -96,7 +108,7 @@ done
 kh apply -f - > /dev/null <<YAML
 apiVersion: groupsnapshot.storage.k8s.io/$API
 kind: VolumeGroupSnapshotClass
-metadata: {name: relay-local-group}
+metadata: {name: $GROUPCLASS}
 driver: $DRIVER
 deletionPolicy: Delete
 YAML
@@ -106,7 +118,7 @@ apiVersion: groupsnapshot.storage.k8s.io/$API
 kind: VolumeGroupSnapshot
 metadata: {name: g1}
 spec:
-  volumeGroupSnapshotClassName: relay-local-group
+  volumeGroupSnapshotClassName: $GROUPCLASS
   source: {selector: {matchLabels: {group: g1}}}
 YAML
 ready() { [[ $(kn get volumegroupsnapshot g1 -o jsonpath='{.status.readyToUse}' 2>/dev/null) == true ]]; }
@@ -132,6 +144,22 @@ for c in a b; do
     fail "no ready member VolumeSnapshot of claim $c: $(kn get volumesnapshot -o wide 2>&1 | tail -n +2)"
   fi
 done
+
+# The member's own group: one VolumeGroupSnapshot of the relay, ready, with
+# a VolumeSnapshot of each member claim.
+if [[ $BACKEND == member ]]; then
+  mgroup=$(km get volumegroupsnapshot -A -l app.kubernetes.io/managed-by=csi-relay \
+    -o jsonpath='{range .items[*]}{.metadata.namespace}/{.metadata.name} {.status.readyToUse}{"\n"}{end}')
+  if [[ $(wc -l <<< "$mgroup") == 1 && $mgroup == */relay-group-*" true" ]]; then
+    ok "member VolumeGroupSnapshot ${mgroup% *} ready"
+    mns=${mgroup%%/*} mname=${mgroup%% *}; mname=${mname#*/}
+    owned=$(km -n "$mns" get volumesnapshot -o jsonpath="{range .items[?(@.metadata.ownerReferences[0].name=='$mname')]}{.metadata.name}{'\n'}{end}" | grep -c .)
+    if [[ $owned == 2 ]]; then ok "its 2 member VolumeSnapshots, one per claim"; else
+      fail "member VolumeSnapshots of $mname: $owned, not 2: $(km -n "$mns" get volumesnapshot -o wide 2>&1)"; fi
+  else
+    fail "member VolumeGroupSnapshots of the relay: '$mgroup'"
+  fi
+fi
 
 # 3. restore each, read both back
 kn delete pod writer --wait=true > /dev/null 2>&1
@@ -161,11 +189,39 @@ gone() { ! kn get volumegroupsnapshot g1 > /dev/null 2>&1 && [[ -z $(kn get volu
   for c in $contents; do ! kh get volumegroupsnapshotcontent "$c" > /dev/null 2>&1 || return 1; done; }
 if waitfor 120 gone; then ok "group snapshot, its VolumeSnapshots and its contents deleted"; else
   fail "left after deleting the group snapshot: $(kn get volumesnapshot,volumegroupsnapshot -o name 2>&1) $contents"; fi
+if [[ $BACKEND == member && -n ${mname:-} ]]; then
+  mgone() { ! km -n "$mns" get volumegroupsnapshot "$mname" > /dev/null 2>&1 &&
+    [[ -z $(km -n "$mns" get volumesnapshot -o jsonpath="{range .items[?(@.metadata.ownerReferences[0].name=='$mname')]}{.metadata.name}{end}") ]]; }
+  if waitfor 120 mgone; then ok "the member VolumeGroupSnapshot and its VolumeSnapshots deleted"; else
+    fail "left in the member: $(km -n "$mns" get volumegroupsnapshot,volumesnapshot -o name 2>&1)"; fi
+  # A class naming a member class that is not there: refused, and said.
+  kh apply -f - > /dev/null <<YAML
+apiVersion: groupsnapshot.storage.k8s.io/$API
+kind: VolumeGroupSnapshotClass
+metadata: {name: $GROUPCLASS-missing}
+driver: $DRIVER
+deletionPolicy: Delete
+parameters: {memberGroupSnapshotClass: not-there}
+YAML
+  kn apply -f - > /dev/null <<YAML
+apiVersion: groupsnapshot.storage.k8s.io/$API
+kind: VolumeGroupSnapshot
+metadata: {name: g2}
+spec:
+  volumeGroupSnapshotClassName: $GROUPCLASS-missing
+  source: {selector: {matchLabels: {group: g1}}}
+YAML
+  said() { kn get volumegroupsnapshot g2 -o jsonpath='{.status.error.message}' | grep -q "has no VolumeGroupSnapshotClass not-there"; }
+  if waitfor 60 said; then ok "a class naming a member class that is not there: $(kn get volumegroupsnapshot g2 -o jsonpath='{.status.error.message}' | grep -o 'FailedPrecondition.*' | head -c 160)"; else
+    fail "VolumeGroupSnapshot g2 of a missing member class: $(kn get volumegroupsnapshot g2 -o jsonpath='{.status}')"; fi
+  kn delete volumegroupsnapshot g2 --wait=true --timeout=60s > /dev/null 2>&1
+  kh delete volumegroupsnapshotclass $GROUPCLASS-missing --ignore-not-found > /dev/null 2>&1
+fi
 kn delete pvc --all --wait=false > /dev/null 2>&1
 pvs_gone() { [[ -z $(kh get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace=='$NS')]}{.metadata.name}{'\n'}{end}") ]]; }
 if waitfor 120 pvs_gone; then ok "every PV of the claims deleted (finalizer released)"; else
   fail "PVs left: $(kh get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace=='$NS')]}{.metadata.name} {.metadata.finalizers}{'\n'}{end}")"; fi
-kh delete volumegroupsnapshotclass relay-local-group --ignore-not-found > /dev/null 2>&1
+kh delete volumegroupsnapshotclass $GROUPCLASS --ignore-not-found > /dev/null 2>&1
 kh delete namespace $NS --wait=false > /dev/null 2>&1
 echo "group-snapshots: $fails failure(s)"
 ((fails == 0))

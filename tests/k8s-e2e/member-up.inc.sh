@@ -20,8 +20,10 @@
 #     the controller's: deploy/member's identity under its admission policy.
 #   - Snapshots, when the local part has them (SNAP=1): the snapshot CRDs,
 #     snapshot-controller and hostpath's csi-snapshotter in the member with
-#     class kl-hostpath-snap; the host's csi-snapshotter for the member relay
-#     and class relay-member-snap (memberSnapshotClass: kl-hostpath-snap).
+#     class kl-hostpath-snap and the default VolumeGroupSnapshotClass
+#     kl-hostpath-group (the gate CSIVolumeGroupSnapshot on, as on the host);
+#     the host's csi-snapshotter for the member relay and class
+#     relay-member-snap (memberSnapshotClass: kl-hostpath-snap).
 MLAB=$RUN/member-lab
 # The kubelet changes three sysctls and each node-down puts back what its
 # node-up found: this node starts second, so it gets the first one's record of
@@ -40,9 +42,9 @@ if ((SNAP)); then
     volumesnapshotclasses.snapshot.storage.k8s.io volumesnapshotcontents.snapshot.storage.k8s.io --timeout=60s > /dev/null
   ( LAB=$MLAB; source "$KL/kl-lib.sh"
     kl_start snapshot-controller "$MLAB/logs/snapshot-controller.log" "$B/snapshot-controller" \
-      --kubeconfig="$MEMBER_KUBECONFIG" --leader-election=false -v=3
+      --kubeconfig="$MEMBER_KUBECONFIG" --leader-election=false -v=3 $GROUP_GATE
     kl_start csi-snapshotter "$MLAB/logs/csi-snapshotter.log" "$B/csi-snapshotter" --csi-address="$M_SOCK" \
-      --kubeconfig="$MEMBER_KUBECONFIG" --leader-election=false -v=3 )
+      --kubeconfig="$MEMBER_KUBECONFIG" --leader-election=false -v=3 $GROUP_GATE )
   km apply -f - > /dev/null <<YAML
 apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshotClass
@@ -50,7 +52,23 @@ metadata: {name: $M_KL_SNAPCLASS}
 driver: $M_KL_DRIVER
 deletionPolicy: Delete
 YAML
-  ts "member: snapshot CRDs, snapshot-controller, hostpath's csi-snapshotter, class $M_KL_SNAPCLASS"
+  # hostpath cuts groups (its GroupController): the member's default
+  # VolumeGroupSnapshotClass of it, which the relay's member group
+  # snapshots use (group-snapshots.sh member).
+  if km get crd volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io > /dev/null 2>&1; then
+    km wait --for=condition=Established crd volumegroupsnapshots.groupsnapshot.storage.k8s.io \
+      volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io --timeout=60s > /dev/null
+    km apply -f - > /dev/null <<YAML
+apiVersion: groupsnapshot.storage.k8s.io/$(km get crd volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io -o jsonpath='{.spec.versions[?(@.storage==true)].name}')
+kind: VolumeGroupSnapshotClass
+metadata:
+  name: $M_KL_GROUPCLASS
+  annotations: {groupsnapshot.storage.kubernetes.io/is-default-class: "true"}
+driver: $M_KL_DRIVER
+deletionPolicy: Delete
+YAML
+  fi
+  ts "member: snapshot CRDs, snapshot-controller, hostpath's csi-snapshotter, classes $M_KL_SNAPCLASS, $M_KL_GROUPCLASS"
 fi
 [[ -x $B/csi-resizer ]] || { echo "missing $B/csi-resizer" >&2; false; }
 MSTATE=$RUN/member-state
@@ -80,7 +98,7 @@ lab kl_start member-provisioner "$LAB/logs/member-provisioner.log" "$B/csi-provi
   --feature-gates=Topology=true --extra-create-metadata
 lab kl_start member-attacher "$LAB/logs/member-attacher.log" "$B/csi-attacher" "${MSC[@]}"
 lab kl_start member-resizer "$LAB/logs/member-resizer.log" "$B/csi-resizer" "${MSC[@]}"
-((SNAP)) && lab kl_start member-snapshotter "$LAB/logs/member-snapshotter.log" "$B/csi-snapshotter" "${MSC[@]}"
+((SNAP)) && lab kl_start member-snapshotter "$LAB/logs/member-snapshotter.log" "$B/csi-snapshotter" "${MSC[@]}" $GROUP_GATE
 cat > "$RUN/manifests/relay-member.yaml" <<YAML
 apiVersion: storage.k8s.io/v1
 kind: CSIDriver

@@ -16,6 +16,7 @@ RELAY_LOG=${RELAY_LOG:-csi_relay=debug}
 B=$E2E_HOME/bin
 SNAPSHOT_CRDS=${SNAPSHOT_CRDS:-$E2E_HOME/snapshot-crds}
 SNAP=$(sed -n 's/^export K8SE2E_SNAPSHOTS=//p' "$RUN/env.sh")
+GROUP_GATE=""; ((SNAP)) && GROUP_GATE=--feature-gates=CSIVolumeGroupSnapshot=true
 source "$HERE/../env-lib.sh"
 lab() { ( source "$KL/kl-lib.sh"; "$@" ); }
 source "$HERE/member-up.inc.sh"

@@ -24,6 +24,7 @@ M_KL_CTRD_STATE=/run/k8se2e-m-containerd
 M_KL_DRIVER=hostpath.kl.csi.k8s.io    # csi-driver-host-path on member-kl-1
 M_KL_CLASS=kl-hostpath                # its member StorageClass (Immediate)
 M_KL_SNAPCLASS=kl-hostpath-snap       # its member VolumeSnapshotClass
+M_KL_GROUPCLASS=kl-hostpath-group     # its member VolumeGroupSnapshotClass (the default of M_KL_DRIVER)
 # Pulls must never leave the machine: every image is imported, and the
 # kubelet's containerd (and e2e.test) get a proxy on a closed loopback port,
 # so a pull of a missing image fails at once instead of reaching out.

@@ -140,7 +140,8 @@ fn kubernetes_storage_e2e_and_restarts_under_a_real_kubelet() {
     // Before restarts.sh: a sidecar finds the relay it was connected to
     // gone only at its next call, and exits then (the snapshotter makes
     // none in restarts.sh, which restarts the sidecars that exited).
-    env.run("group-snapshots.sh");
+    env.run_with("group-snapshots.sh", &["local"]);
+    env.run_with("group-snapshots.sh", &["member"]);
     env.run("restarts.sh");
 
     // The node plugin under a partition of its member API, on the real

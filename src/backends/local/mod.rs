@@ -358,7 +358,10 @@ impl Backend for LocalBackend {
                 .as_ref()
                 .map(|_| "memberGroupSnapshotClass"),
             params.per_volume_snapshots.map(|_| "perVolumeSnapshots"),
-            params.member_snapshot_class.as_ref().map(|_| "memberSnapshotClass"),
+            params
+                .member_snapshot_class
+                .as_ref()
+                .map(|_| "memberSnapshotClass"),
         ];
         let keys: Vec<&str> = member_keys.into_iter().flatten().collect();
         if !keys.is_empty() {

@@ -742,7 +742,10 @@ impl Backend for MemberBackend {
 
     fn check_group_snapshot_parameters(&self, params: &GroupSnapshotParams) -> CsiResult<()> {
         for (key, class) in [
-            ("memberGroupSnapshotClass", &params.member_group_snapshot_class),
+            (
+                "memberGroupSnapshotClass",
+                &params.member_group_snapshot_class,
+            ),
             ("memberSnapshotClass", &params.member_snapshot_class),
         ] {
             if let Some(c) = class.as_ref().filter(|c| !naming::is_dns_subdomain(c)) {

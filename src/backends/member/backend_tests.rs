@@ -2132,7 +2132,8 @@ async fn an_unfinished_create_is_abandoned_once_its_host_claim_is_gone() {
 
 // ---- Group snapshots ---------------------------------------------------------
 
-const GROUPS: &str = "/apis/groupsnapshot.storage.k8s.io/v1beta2/namespaces/relay/volumegroupsnapshots";
+const GROUPS: &str =
+    "/apis/groupsnapshot.storage.k8s.io/v1beta2/namespaces/relay/volumegroupsnapshots";
 
 fn group_of(parameters: BTreeMap<String, String>) -> GroupSnapshot {
     GroupSnapshot {
@@ -2324,31 +2325,30 @@ async fn a_member_that_cannot_cut_a_group_is_refused_unless_the_class_takes_one_
     let members = group_members(&b);
     let plain = group_of(BTreeMap::new());
     // No group snapshot API.
-    let (result, ()) = tokio::join!(
-        b.create_group_snapshot(&plain, &members),
-        async {
-            api.expect("GET", "/apis").await.ok(api_groups(&[]));
-        }
-    );
+    let (result, ()) = tokio::join!(b.create_group_snapshot(&plain, &members), async {
+        api.expect("GET", "/apis").await.ok(api_groups(&[]));
+    });
     let err = result.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     let text = err.to_string();
-    assert!(text.contains("member cluster east serves no VolumeGroupSnapshot API"), "{text}");
+    assert!(
+        text.contains("member cluster east serves no VolumeGroupSnapshot API"),
+        "{text}"
+    );
     assert!(text.contains("perVolumeSnapshots"), "{text}");
     // The API, but no class of the claims' driver.
-    let (result, ()) = tokio::join!(
-        b.create_group_snapshot(&plain, &members),
-        async {
-            api.expect("GET", "/apis").await.ok(api_groups(&["v1beta2"]));
-            group_claims(&mut api, &members, &["hostpath.csi.k8s.io"; 2]).await;
-            api.expect_page("/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshotclasses")
-                .await
-                .ok(list_of(
-                    "VolumeGroupSnapshotClass",
-                    vec![group_class("other", "other.csi", true)],
-                ));
-        }
-    );
+    let (result, ()) = tokio::join!(b.create_group_snapshot(&plain, &members), async {
+        api.expect("GET", "/apis")
+            .await
+            .ok(api_groups(&["v1beta2"]));
+        group_claims(&mut api, &members, &["hostpath.csi.k8s.io"; 2]).await;
+        api.expect_page("/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshotclasses")
+            .await
+            .ok(list_of(
+                "VolumeGroupSnapshotClass",
+                vec![group_class("other", "other.csi", true)],
+            ));
+    });
     let err = result.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(
@@ -2357,13 +2357,12 @@ async fn a_member_that_cannot_cut_a_group_is_refused_unless_the_class_takes_one_
         "{err}"
     );
     // Claims of two drivers.
-    let (result, ()) = tokio::join!(
-        b.create_group_snapshot(&plain, &members),
-        async {
-            api.expect("GET", "/apis").await.ok(api_groups(&["v1beta1"]));
-            group_claims(&mut api, &members, &["a.csi", "b.csi"]).await;
-        }
-    );
+    let (result, ()) = tokio::join!(b.create_group_snapshot(&plain, &members), async {
+        api.expect("GET", "/apis")
+            .await
+            .ok(api_groups(&["v1beta1"]));
+        group_claims(&mut api, &members, &["a.csi", "b.csi"]).await;
+    });
     let err = result.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.to_string().contains("two CSI drivers"), "{err}");
@@ -2396,13 +2395,13 @@ async fn a_group_across_namespaces_is_refused_and_parameters_are_checked() {
     );
     members[1].1 = other;
     let plain = group_of(BTreeMap::new());
-    let (result, ()) = tokio::join!(
-        b.create_group_snapshot(&plain, &members),
-        api.expect_idle()
-    );
+    let (result, ()) = tokio::join!(b.create_group_snapshot(&plain, &members), api.expect_idle());
     let err = result.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.to_string().contains("east/relay and east/other"), "{err}");
+    assert!(
+        err.to_string().contains("east/relay and east/other"),
+        "{err}"
+    );
 
     let check = |pairs: &[(&str, &str)]| {
         let map: HashMap<String, String> = params(pairs).into_iter().collect();
@@ -2410,14 +2409,25 @@ async fn a_group_across_namespaces_is_refused_and_parameters_are_checked() {
         b.check_group_snapshot_parameters(&typed)
     };
     check(&[("memberGroupSnapshotClass", "hp-group")]).unwrap();
-    check(&[("perVolumeSnapshots", "true"), ("memberSnapshotClass", "snap")]).unwrap();
+    check(&[
+        ("perVolumeSnapshots", "true"),
+        ("memberSnapshotClass", "snap"),
+    ])
+    .unwrap();
     for bad in [
         &[("memberGroupSnapshotClass", "Not/A/Name")][..],
-        &[("perVolumeSnapshots", "true"), ("memberGroupSnapshotClass", "hp-group")],
+        &[
+            ("perVolumeSnapshots", "true"),
+            ("memberGroupSnapshotClass", "hp-group"),
+        ],
         &[("memberSnapshotClass", "snap")],
         &[("perVolumeSnapshots", "yes")],
         &[("groupClass", "x")],
     ] {
-        assert_eq!(check(bad).unwrap_err().code(), Code::InvalidArgument, "{bad:?}");
+        assert_eq!(
+            check(bad).unwrap_err().code(),
+            Code::InvalidArgument,
+            "{bad:?}"
+        );
     }
 }

@@ -1057,3 +1057,105 @@ async fn relay_volumes_of_the_released_build_are_rebuilt_served_and_torn_down() 
         assert!(d.find_volume(id).await.unwrap().is_none());
     }
 }
+
+// A group snapshot whose create never finished (the member refused it, or
+// the CO gave up): the CO never got its id, so housekeeping rolls it back,
+// member VolumeGroupSnapshot included, and its records go.
+#[tokio::test(start_paused = true)]
+async fn housekeeping_rolls_back_a_group_snapshot_never_finished() {
+    use crate::domain::volume::{Backing, GroupSnapshot, Lifecycle, Snapshot};
+    let tmp = tempfile::tempdir().unwrap();
+    let (d, mut member, _host) = driver(tmp.path());
+    let snap = Snapshot {
+        id: "snap-1".into(),
+        name: "group-1/m-east-0123456789abcdef0123456789abcdef".into(),
+        source_volume_id: "m-east-0123456789abcdef0123456789abcdef".into(),
+        size_bytes: 1 << 30,
+        backing: Backing::Member {
+            member: "east".into(),
+            namespace: "relay".into(),
+            pvc: "relay-0123456789abcdef0123456789abcdef".into(),
+            selected_node: None,
+        },
+        created_unix: 0,
+        created_nanos: 0,
+        lifecycle: Lifecycle::Provisioning,
+        parameters: Default::default(),
+        group_snapshot_id: Some("group-1".into()),
+        allocated_bytes: None,
+        member_snapshot: Some("snapshot-abc".into()),
+    };
+    let group = GroupSnapshot {
+        id: "group-1".into(),
+        name: "g1".into(),
+        source_volume_ids: vec![snap.source_volume_id.clone()],
+        snapshot_ids: vec![snap.id.clone()],
+        created_unix: 0,
+        created_nanos: 0,
+        lifecycle: Lifecycle::Provisioning,
+        parameters: Default::default(),
+    };
+    let (s, g) = (snap.clone(), group.clone());
+    d.db(move |st| {
+        st.put_group(&g)?;
+        st.put_snapshot(&s)
+    })
+    .await
+    .unwrap();
+    let (report, ()) = tokio::join!(crate::ops::housekeeping::sweep(&d), async {
+        member.expect("GET", "/apis").await.ok(json!({
+            "kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": "groupsnapshot.storage.k8s.io",
+                 "versions": [{"groupVersion": "groupsnapshot.storage.k8s.io/v1beta1", "version": "v1beta1"}],
+                 "preferredVersion": {"groupVersion": "groupsnapshot.storage.k8s.io/v1beta1", "version": "v1beta1"}}]}));
+        member
+            .expect(
+                "DELETE",
+                "/apis/groupsnapshot.storage.k8s.io/v1beta1/namespaces/relay/volumegroupsnapshots/relay-group-1",
+            )
+            .await
+            .ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
+        member
+            .expect("GET", "/api/v1/persistentvolumeclaims")
+            .await
+            .ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                       "metadata": {}, "items": []}),
+            );
+        member
+            .expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
+            .await
+            .ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+                       "metadata": {}, "items": []}),
+            );
+        member.expect_idle().await;
+    });
+    let report = report.unwrap();
+    assert_eq!(report.expired_group_snapshots, 1, "{report:?}");
+    assert_eq!(d.db(|st| st.group("group-1")).await.unwrap(), None);
+    assert_eq!(d.db(|st| st.snapshot("snap-1")).await.unwrap(), None);
+    // A group being cut now (not stale) is left to its call.
+    let mut fresh = group.clone();
+    fresh.created_unix = crate::ops::driver::now().0;
+    d.db(move |st| st.put_group(&fresh)).await.unwrap();
+    let (report, ()) = tokio::join!(crate::ops::housekeeping::sweep(&d), async {
+        member
+            .expect("GET", "/api/v1/persistentvolumeclaims")
+            .await
+            .ok(
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                       "metadata": {}, "items": []}),
+            );
+        member
+            .expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
+            .await
+            .ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+                       "metadata": {}, "items": []}),
+            );
+        member.expect_idle().await;
+    });
+    assert_eq!(report.unwrap().expired_group_snapshots, 0);
+    assert!(d.db(|st| st.group("group-1")).await.unwrap().is_some());
+}

@@ -49,10 +49,7 @@ pub async fn served_version(cluster: &Cluster) -> CsiResult<Option<&'static str>
     let Some(group) = list.groups.iter().find(|g| g.name == GROUP) else {
         return Ok(None);
     };
-    let preferred = group
-        .preferred_version
-        .as_ref()
-        .map(|v| v.version.as_str());
+    let preferred = group.preferred_version.as_ref().map(|v| v.version.as_str());
     let known = |v: &str| VERSIONS.iter().copied().find(|k| *k == v);
     if let Some(v) = preferred.and_then(known) {
         return Ok(Some(v));
@@ -248,11 +245,14 @@ pub async fn ensure_ready(
             )));
         }
         tokio::time::sleep(POLL_INTERVAL).await;
-        current = cluster.fetch(&get_what, api.get(name)).await?.ok_or_else(|| {
-            CsiError::Aborted(format!(
+        current = cluster
+            .fetch(&get_what, api.get(name))
+            .await?
+            .ok_or_else(|| {
+                CsiError::Aborted(format!(
                 "{label}: VolumeGroupSnapshot {namespace}/{name} was deleted while being cut; retry"
             ))
-        })?;
+            })?;
     }
 }
 

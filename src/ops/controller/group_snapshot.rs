@@ -6,8 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::csi;
 use crate::backends::GroupCut;
+use crate::csi;
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::params::{self, GroupSnapshotParams};
 use crate::domain::validate;
@@ -189,10 +189,18 @@ pub async fn delete(
     validate::secrets(&req.secrets)?;
     let _guard = d.limiter.try_acquire(&[group_key(&id)])?;
     let key = id.clone();
-    let Some(mut group) = d.db(move |s| s.group(&key)).await? else {
+    let Some(group) = d.db(move |s| s.group(&key)).await? else {
         return Ok(csi::DeleteVolumeGroupSnapshotResponse {});
     };
     check_ids(&group, &req.snapshot_ids)?;
+    remove(d, group).await?;
+    Ok(csi::DeleteVolumeGroupSnapshotResponse {})
+}
+
+/// Releases a group snapshot: what the backend made for the group, then
+/// each member snapshot, then the record (for DeleteVolumeGroupSnapshot
+/// and housekeeping's roll-back of a create never finished).
+pub async fn remove(d: &Driver, mut group: GroupSnapshot) -> CsiResult<()> {
     if group.lifecycle != Lifecycle::Deleting {
         group.lifecycle = Lifecycle::Deleting;
         let marked = group.clone();
@@ -203,9 +211,10 @@ pub async fn delete(
     for snap in snaps {
         snapshot::remove(d, snap).await?;
     }
+    let id = group.id.clone();
     d.db(move |s| s.remove_group(&id)).await?;
     tracing::info!(group_snapshot_id = %group.id, "volume group snapshot deleted");
-    Ok(csi::DeleteVolumeGroupSnapshotResponse {})
+    Ok(())
 }
 
 pub async fn get(

@@ -699,8 +699,14 @@ impl ScriptedEnv {
 
     /// Runs `tests/<dir>/<name> RUN_DIR` and asserts that it succeeded.
     pub fn run(&self, name: &str) {
+        self.run_with(name, &[]);
+    }
+
+    /// Runs `tests/<dir>/<name> RUN_DIR ARGS...` and asserts that it succeeded.
+    pub fn run_with(&self, name: &str, args: &[&str]) {
         let status = self
             .command(name)
+            .args(args)
             .status()
             .unwrap_or_else(|e| panic!("run tests/{}/{name}: {e}", self.dir));
         assert!(
