@@ -102,14 +102,41 @@ pub fn is_dns_label(s: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
-/// A DNS-1123 subdomain: what Kubernetes names most objects with.
+/// A DNS-1123 subdomain: what Kubernetes names most objects with; each
+/// part also a DNS label of 63 bytes at most (stricter than Kubernetes,
+/// and what the names the relay makes are held to).
 pub fn is_dns_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// An object name exactly as Kubernetes takes it (IsDNS1123Subdomain: no
+/// bound on a part): for names another controller chose, such as the
+/// `snapshot-<64 hex>` VolumeSnapshots of a VolumeGroupSnapshot.
+pub fn is_object_name(s: &str) -> bool {
+    let part = |p: &str| {
+        let b = p.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    };
+    s.len() <= 253 && s.split('.').all(part)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn object_names_are_what_kubernetes_takes() {
+        let group_member = format!("snapshot-{}", "0a".repeat(32));
+        assert!(is_object_name(&group_member) && !is_dns_subdomain(&group_member));
+        assert!(is_object_name("a.b-c.d"));
+        for bad in ["", "A", "-a", "a-", "a..b", "a_b", "a/b", &"a".repeat(254)] {
+            assert!(!is_object_name(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn ids_are_bounded_and_required() {

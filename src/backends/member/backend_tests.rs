@@ -2224,6 +2224,8 @@ async fn a_group_is_one_member_volume_group_snapshot_mapped_back_by_claim() {
         .iter()
         .map(|(_, v)| MemberVolume::of(v).unwrap().uuid)
         .collect();
+    // As the member's snapshot-controller names them: longer than a DNS label.
+    let first = format!("snapshot-{}", "62".repeat(32));
     let (result, ()) = tokio::join!(b.create_group_snapshot(&group, &members), async {
         api.expect("GET", "/apis")
             .await
@@ -2273,7 +2275,7 @@ async fn a_group_is_one_member_volume_group_snapshot_mapped_back_by_claim() {
         api.expect_page(SNAPS).await.ok(list_of(
             "VolumeSnapshot",
             vec![
-                snap("snapshot-1", &claims[0], "uid-g", true),
+                snap(&first, &claims[0], "uid-g", true),
                 snap("snapshot-2", &claims[1], "uid-g", false),
                 snap("snapshot-x", &claims[1], "uid-other", true),
             ],
@@ -2288,7 +2290,7 @@ async fn a_group_is_one_member_volume_group_snapshot_mapped_back_by_claim() {
         api.expect_page(SNAPS).await.ok(list_of(
             "VolumeSnapshot",
             vec![
-                snap("snapshot-1", &claims[0], "uid-g", true),
+                snap(&first, &claims[0], "uid-g", true),
                 snap("snapshot-2", &claims[1], "uid-g", true),
             ],
         ));
@@ -2298,10 +2300,7 @@ async fn a_group_is_one_member_volume_group_snapshot_mapped_back_by_claim() {
         panic!("a member with group snapshots cuts the group as one");
     };
     let names: Vec<_> = snaps.iter().map(|s| s.member_snapshot.clone()).collect();
-    assert_eq!(
-        names,
-        vec![Some("snapshot-1".into()), Some("snapshot-2".into())]
-    );
+    assert_eq!(names, vec![Some(first.clone()), Some("snapshot-2".into())]);
     assert_eq!(snaps[0].id, "snap-pvc-a");
     // A restore is a claim from the member's VolumeSnapshot; deleting the
     // snapshot alone asks nothing of the member (its group owns it).

@@ -234,7 +234,7 @@ pub async fn ensure_ready(
             if missing.is_empty() {
                 return Ok(found.into_iter().map(|(c, (s, _))| (c, s)).collect());
             }
-            waiting = format!("the VolumeSnapshots of claims {missing:?} are not ready to use yet");
+            waiting = format!("no VolumeSnapshot of claims {missing:?} is ready to use yet");
         }
         if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
             let why = status_error(&current)
@@ -285,7 +285,7 @@ async fn snapshots_of(
                     ) else {
                         continue;
                     };
-                    if (owned || named) && naming::is_dns_subdomain(&name) {
+                    if (owned || named) && crate::domain::validate::is_object_name(&name) {
                         let ready = s.data["status"]["readyToUse"].as_bool() == Some(true);
                         found.insert(claim.to_string(), (name, ready));
                     }
