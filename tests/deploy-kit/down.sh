@@ -17,14 +17,15 @@ api_up() { kh get --raw /readyz > /dev/null 2>&1; }
 
 # ---------- 1. user workloads, through CSI, while the kit runs ----------
 if api_up; then
-  for ns in "$USER_NS" "$HA_NS"; do
+  for ns in "$USER_NS" "$HA_NS" "$SNAP_NS"; do
     kh get ns "$ns" > /dev/null 2>&1 || continue
+    kh -n "$ns" delete volumesnapshots --all --wait=true --timeout=60s > /dev/null 2>&1
     kh -n "$ns" delete pods --all --grace-period=1 --wait=true --timeout=90s > /dev/null 2>&1
     kh -n "$ns" delete pvc --all --wait=true --timeout=90s > /dev/null 2>&1
   done
   waitfor 90 "relay PVs gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get pv -o jsonpath='{.items[?(@.spec.csi.driver==\"relay.csi.dev\")].metadata.name}')\" ]" || rc=1
   waitfor 60 "VolumeAttachments gone" sh -c "[ -z \"\$(kubectl --kubeconfig '$HKC' get volumeattachment -o name)\" ]" || rc=1
-  for ns in "$USER_NS" "$HA_NS"; do kh delete ns "$ns" --wait=false > /dev/null 2>&1; done
+  for ns in "$USER_NS" "$HA_NS" "$SNAP_NS"; do kh delete ns "$ns" --wait=false > /dev/null 2>&1; done
   ts "user workloads deleted"
   # ---------- 2. the kit ----------
   if [[ -s $RUN/kustomize/kustomization.yaml ]]; then

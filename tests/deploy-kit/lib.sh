@@ -37,6 +37,7 @@ KUBELET_DIR=$LAB/kubelet                    # the kubelet's --root-dir: the kit'
 LAB2=$RUN/lab2                              # node 2's LAB_DIR
 USER_NS=kit-user
 HA_NS=kit-ha                                # ha.sh's claims and pods
+SNAP_NS=kit-snap                            # snapshot.sh's claims and snapshot
 # The e2e suite's busybox, as $E2E_HOME/images/images.txt names it.
 BUSYBOX_IMAGE=$(awk '$1 ~ /e2e-test-images\/busybox:1\.36\.1-1$/ {print $1; exit}' "$E2E_HOME/images/images.txt" 2>/dev/null)
 kh() { kubectl --kubeconfig "$HKC" "$@"; }

@@ -6,7 +6,8 @@
 //! pod through the installed controller and node plugin, checks the
 //! livenessprobes, kills the node plugin's container (the kubelet restarts
 //! it) and checks the mounted volume and a new one, then deletes it all
-//! through CSI; `ha.sh` fails the controller's two replicas over (the
+//! through CSI; `snapshot.sh` takes a snapshot and restores it under
+//! deploy/'s RBAC (a member CSI driver that snapshots); `ha.sh` fails the controller's two replicas over (the
 //! leader's pod killed, a rollout restart, the leader's node frozen) under
 //! load, with figures; `down.sh` undoes everything. The second test installs the same kit with
 //! helm (`KIT_INSTALL=helm`) and runs `helm.sh`: the chart's install, test, upgrade, rollback,
@@ -53,6 +54,7 @@ fn the_deploy_kit_runs_a_users_pod_on_a_real_kubelet() {
     let kit = kit(&e2e_home, &[]);
     kit.run("up.sh");
     kit.run("check.sh");
+    kit.run("snapshot.sh");
     kit.run("ha.sh");
 }
 

@@ -889,14 +889,12 @@ impl Backend for MemberBackend {
         group: &GroupSnapshot,
         snaps: &[Snapshot],
     ) -> CsiResult<()> {
-        // Only a group cut at once has a member VolumeGroupSnapshot; one of
-        // per-volume snapshots has nothing of the group's own.
+        // Asked of the member whatever the records say: a cut that failed
+        // after making the member VolumeGroupSnapshot recorded no member
+        // snapshot names, and one of per-volume snapshots finds none (404).
         let Some(Backing::Member {
             member, namespace, ..
-        }) = snaps
-            .iter()
-            .find(|s| s.member_snapshot.is_some())
-            .map(|s| &s.backing)
+        }) = snaps.first().map(|s| &s.backing)
         else {
             return Ok(());
         };
