@@ -138,7 +138,16 @@ got=$(cat "$(member_dir restored)/token")
 pass "claim restored Bound $(awk -v a="$t" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s after it was made, holding the token"
 released() { ! kn get volumesnapshot s1 -o jsonpath='{.metadata.finalizers}' | grep -q "$SOURCE_FINALIZER"; }
 waitfor 30 "$SOURCE_FINALIZER off s1" released
-pass "the provisioner released its source-protection finalizer on s1 (update on volumesnapshots under deploy/'s RBAC)"
+# Off, and on before: the host's audit log shows the provisioner's own writes of s1 (putting the
+# finalizer on, taking it off) answered 200, under deploy/'s identity for the controller pod.
+AUDIT_HOST=$E2E_HOME/run/$HOST/logs/audit.log
+writes=$(jq -r --arg ns "$SNAP_NS" 'select(.objectRef.resource == "volumesnapshots" and .objectRef.namespace == $ns
+    and .objectRef.name == "s1" and (.verb == "update" or .verb == "patch")
+    and (.userAgent | startswith("csi-provisioner"))) | "\(.user.username) \(.responseStatus.code)"' "$AUDIT_HOST" | sort | uniq -c)
+ok_writes=$(awk '$2 == "system:serviceaccount:csi-relay:csi-relay-controller" && $3 == 200 {n += $1} END {print n + 0}' <<< "$writes")
+((ok_writes >= 2)) || die "the provisioner's writes of s1 in the host's audit log: '$writes'"
+[[ -z $(awk '$3 != 200' <<< "$writes") ]] || die "the provisioner's writes of s1 refused: '$writes'"
+pass "the provisioner put its source-protection finalizer on s1 and took it off: $ok_writes writes, each 200, as csi-relay-controller (deploy/rbac.yaml's update on volumesnapshots)"
 
 # ---------- 4. teardown ----------
 kn delete volumesnapshot s1 --wait=false > /dev/null
