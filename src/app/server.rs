@@ -219,7 +219,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     let snapshots = restore_snapshots(&driver).await?;
                     tracing::info!(
                         restored = snapshots,
-                        "snapshot records recovered from member VolumeSnapshots"
+                        "snapshot and group snapshot records recovered from member VolumeSnapshots and VolumeGroupSnapshots"
                     );
                     start_summary(driver.store.clone(), controller_writer);
                     // Pods on virtual nodes run in the members: their
@@ -349,6 +349,31 @@ async fn restore_snapshots(driver: &Driver) -> Result<usize, StartError> {
         let record = snap.clone();
         driver.db(move |s| s.put_snapshot(&record)).await?;
         tracing::info!(snapshot_id = %snap.id, name = %snap.name, "snapshot record recovered from the member");
+        restored += 1;
+    }
+    // Groups: their snapshots first, so a group in the store always finds
+    // its snapshots; a start cut short in between recovers the group again
+    // at the next start.
+    for (group, snaps) in driver.backend.recover_groups().await? {
+        let (id, name) = (group.id.clone(), group.name.clone());
+        let known = driver
+            .db(move |s| Ok(s.group(&id)?.is_some() || s.group_by_name(&name)?.is_some()))
+            .await?;
+        if known {
+            continue;
+        }
+        let record = group.clone();
+        driver
+            .db(move |s| {
+                for snap in &snaps {
+                    if s.snapshot(&snap.id)?.is_none() {
+                        s.put_snapshot(snap)?;
+                    }
+                }
+                s.put_group(&record)
+            })
+            .await?;
+        tracing::info!(group_snapshot_id = %group.id, name = %group.name, "group snapshot record recovered from the member");
         restored += 1;
     }
     Ok(restored)

@@ -287,6 +287,12 @@ pub trait Backend: Send + Sync + 'static {
         Ok(GroupCut::OneByOne)
     }
 
+    /// Group snapshots (each with its snapshots) the backend's storage
+    /// describes, for a controller whose store lacks them.
+    async fn recover_groups(&self) -> CsiResult<Vec<(GroupSnapshot, Vec<Snapshot>)>> {
+        Ok(Vec::new())
+    }
+
     /// Releases what `create_group_snapshot` made for the group as a whole,
     /// before each of `snaps` is released with `delete_snapshot`. Already
     /// absent is success.

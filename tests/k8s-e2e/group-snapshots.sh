@@ -159,6 +159,23 @@ if [[ $BACKEND == member ]]; then
   else
     fail "member VolumeGroupSnapshots of the relay: '$mgroup'"
   fi
+  # A new controller knows the group: the member relay's controller and its sidecars started
+  # again on an empty state directory (deploy/'s is an emptyDir), as a new pod would be; what
+  # follows (restores from the group's snapshots, the group's delete) goes through it.
+  LAB=$RUN/lab
+  source "$KL/kl-lib.sh"
+  source "$HERE/processes.inc.sh"
+  MEMBER_PROCS=(member-relay-controller member-provisioner member-attacher member-resizer member-snapshotter)
+  for ((k = 0; k < ${#MEMBER_PROCS[@]}; k++)); do save "${MEMBER_PROCS[$k]}" "$k"; done
+  for n in "${MEMBER_PROCS[@]}"; do kill_hard "$n"; done
+  rm -rf "$RUN/member-state/controller" && mkdir -p "$RUN/member-state/controller"
+  rm -f "$RUN/member-controller.sock"
+  for ((k = 0; k < ${#MEMBER_PROCS[@]}; k++)); do
+    start_saved "${MEMBER_PROCS[$k]}" "$k" "$LAB/logs/${MEMBER_PROCS[$k]}.log"
+  done
+  recovered() { grep -q "group snapshot record recovered from the member" "$LAB/logs/member-relay-controller.log"; }
+  if waitfor 60 recovered; then ok "the member relay's controller, started again on an empty state directory, recovered the group from the member"; else
+    fail "the restarted member relay's controller recovered no group: $(tail -5 "$LAB/logs/member-relay-controller.log")"; fi
 fi
 
 # 3. restore each, read both back
@@ -216,6 +233,38 @@ YAML
     fail "VolumeGroupSnapshot g2 of a missing member class: $(kn get volumegroupsnapshot g2 -o jsonpath='{.status}')"; fi
   kn delete volumegroupsnapshot g2 --wait=true --timeout=60s > /dev/null 2>&1
   kh delete volumegroupsnapshotclass $GROUPCLASS-missing --ignore-not-found > /dev/null 2>&1
+  # A class that opts in to one member VolumeSnapshot per volume (not crash-consistent): the
+  # relay's own member VolumeSnapshots, no member VolumeGroupSnapshot.
+  kh apply -f - > /dev/null <<YAML
+apiVersion: groupsnapshot.storage.k8s.io/$API
+kind: VolumeGroupSnapshotClass
+metadata: {name: $GROUPCLASS-per-volume}
+driver: $DRIVER
+deletionPolicy: Delete
+parameters: {perVolumeSnapshots: "true", memberSnapshotClass: $M_KL_SNAPCLASS}
+YAML
+  kn apply -f - > /dev/null <<YAML
+apiVersion: groupsnapshot.storage.k8s.io/$API
+kind: VolumeGroupSnapshot
+metadata: {name: g3}
+spec:
+  volumeGroupSnapshotClassName: $GROUPCLASS-per-volume
+  source: {selector: {matchLabels: {group: g1}}}
+YAML
+  g3_ready() { [[ $(kn get volumegroupsnapshot g3 -o jsonpath='{.status.readyToUse}') == true ]]; }
+  own_snaps() { km -n "$mns" get volumesnapshot -l app.kubernetes.io/managed-by=csi-relay -o name | grep -c .; }
+  if waitfor 120 g3_ready; then
+    groups=$(km -n "$mns" get volumegroupsnapshot -o name | grep -c .)
+    if [[ $(own_snaps) == 2 && $groups == 0 ]]; then ok "perVolumeSnapshots: the group of 2 claims is 2 of the relay's member VolumeSnapshots, no member VolumeGroupSnapshot"; else
+      fail "perVolumeSnapshots in the member: $(km -n "$mns" get volumesnapshot,volumegroupsnapshot -o name 2>&1)"; fi
+  else
+    fail "VolumeGroupSnapshot g3 (perVolumeSnapshots) not ready: $(kn get volumegroupsnapshot g3 -o jsonpath='{.status}')"
+  fi
+  kn delete volumegroupsnapshot g3 --wait=false > /dev/null 2>&1
+  none_left() { [[ $(own_snaps) == 0 ]] && ! kn get volumegroupsnapshot g3 > /dev/null 2>&1; }
+  if waitfor 120 none_left; then ok "g3 and its member VolumeSnapshots deleted"; else
+    fail "left of g3: $(kn get volumegroupsnapshot -o name 2>&1) $(km -n "$mns" get volumesnapshot -o name 2>&1)"; fi
+  kh delete volumegroupsnapshotclass $GROUPCLASS-per-volume --ignore-not-found > /dev/null 2>&1
 fi
 kn delete pvc --all --wait=false > /dev/null 2>&1
 pvs_gone() { [[ -z $(kh get pv -o jsonpath="{range .items[?(@.spec.claimRef.namespace=='$NS')]}{.metadata.name}{'\n'}{end}") ]]; }

@@ -857,6 +857,11 @@ impl Backend for MemberBackend {
         )
         .await?;
         let name = naming::group_snapshot_name(&group.id);
+        let record = serde_json::to_string(&group_snapshot::GroupRecord {
+            group: group.clone(),
+            snapshots: members.iter().map(|(s, _)| s.clone()).collect(),
+        })
+        .map_err(|e| CsiError::Internal(format!("encode group snapshot record: {e}")))?;
         let plan = group_snapshot::GroupPlan {
             version,
             name: &name,
@@ -865,6 +870,7 @@ impl Backend for MemberBackend {
             group_id: &group.id,
             driver_name: &self.driver_name,
             uuids: at.iter().map(|a| a.uuid.clone()).collect(),
+            record,
         };
         let claims: Vec<String> = at.iter().map(|a| a.pvc.clone()).collect();
         let cut = group_snapshot::ensure_ready(
@@ -1127,6 +1133,28 @@ impl Backend for MemberBackend {
                 }
             })
             .await?;
+        }
+        Ok(found)
+    }
+
+    async fn recover_groups(&self) -> CsiResult<Vec<(GroupSnapshot, Vec<Snapshot>)>> {
+        let mut objects = Vec::new();
+        for (member, cluster) in &self.members {
+            group_snapshot::made_by_relay(cluster, |obj| objects.push((member, cluster, obj)))
+                .await?;
+        }
+        let mut found = Vec::new();
+        for (member, cluster, obj) in objects {
+            let snaps = group_snapshot::snapshots_of_object(cluster, &obj).await?;
+            match group_snapshot::recovered(member, &self.driver_name, &obj, &snaps) {
+                Ok(record) => found.push((record.group, record.snapshots)),
+                Err(why) => tracing::warn!(
+                    member = %member,
+                    volume_group_snapshot = %obj.metadata.name.as_deref().unwrap_or_default(),
+                    reason = %why,
+                    "member VolumeGroupSnapshot not recovered"
+                ),
+            }
         }
         Ok(found)
     }

@@ -2436,3 +2436,87 @@ async fn a_group_across_namespaces_is_refused_and_parameters_are_checked() {
         );
     }
 }
+
+// A new controller recovers a group from the member VolumeGroupSnapshot's
+// record, taken only where it agrees with the object, and ready only when
+// the member shows it and a VolumeSnapshot of each claim ready.
+#[tokio::test]
+async fn groups_are_recovered_from_member_volume_group_snapshots() {
+    let (b, mut api) = east();
+    let members = group_members(&b);
+    let mut group = group_of(BTreeMap::new());
+    group.source_volume_ids = members.iter().map(|(_, v)| v.id.clone()).collect();
+    group.snapshot_ids = members.iter().map(|(s, _)| s.id.clone()).collect();
+    let claims: Vec<String> = members.iter().map(|(_, v)| pvc_name(v)).collect();
+    let record = group_snapshot::GroupRecord {
+        group: group.clone(),
+        snapshots: members.iter().map(|(s, _)| s.clone()).collect(),
+    };
+    let object = |namespace: &str, ready: bool| {
+        let mut obj = group_snapshot::manifest(&group_snapshot::GroupPlan {
+            version: "v1beta2",
+            name: "relay-group-00aa",
+            namespace,
+            class: "hp-group",
+            group_id: "group-00aa",
+            driver_name: "relay.csi.dev",
+            uuids: vec![],
+            record: serde_json::to_string(&record).unwrap(),
+        });
+        obj.metadata.uid = Some(format!("uid-{namespace}"));
+        obj.data["status"] = json!({"readyToUse": ready});
+        serde_json::to_value(&obj).unwrap()
+    };
+    let snaps = |owner: &str| {
+        let items: Vec<Value> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, claim)| {
+                json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                   "metadata": {"name": format!("snapshot-{i}"), "namespace": "relay",
+                                "ownerReferences": [{"apiVersion": "groupsnapshot.storage.k8s.io/v1beta2",
+                                    "kind": "VolumeGroupSnapshot", "name": "relay-group-00aa", "uid": owner}]},
+                   "spec": {"source": {"persistentVolumeClaimName": claim}},
+                   "status": {"readyToUse": true}})
+            })
+            .collect();
+        list_of("VolumeSnapshot", items)
+    };
+    let groups_path = "/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshots";
+    for ready in [true, false] {
+        let (found, ()) = tokio::join!(b.recover_groups(), async {
+            api.expect("GET", "/apis")
+                .await
+                .ok(api_groups(&["v1beta2"]));
+            let list = api.expect_page(groups_path).await;
+            assert!(list.query.contains("labelSelector"), "{}", list.query);
+            // The same record on an object in another namespace: refused
+            // (no member VolumeSnapshots are read for it past the listing).
+            list.ok(list_of(
+                "VolumeGroupSnapshot",
+                vec![object("relay", ready), object("elsewhere", true)],
+            ));
+            api.expect_page(SNAPS).await.ok(snaps("uid-relay"));
+            api.expect_page(
+                "/apis/snapshot.storage.k8s.io/v1/namespaces/elsewhere/volumesnapshots",
+            )
+            .await
+            .ok(list_of("VolumeSnapshot", vec![]));
+        });
+        let found = found.unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        let (g, s) = &found[0];
+        assert_eq!(g.id, "group-00aa");
+        assert_eq!(g.snapshot_ids, group.snapshot_ids);
+        if ready {
+            assert_eq!(g.lifecycle, Lifecycle::Ready);
+            let names: Vec<_> = s.iter().map(|s| s.member_snapshot.as_deref()).collect();
+            assert_eq!(names, vec![Some("snapshot-0"), Some("snapshot-1")]);
+            assert!(s.iter().all(|s| s.lifecycle == Lifecycle::Ready));
+        } else {
+            // Not cut (yet): unfinished, for housekeeping to roll back.
+            assert_eq!(g.lifecycle, Lifecycle::Provisioning);
+            assert!(s.iter().all(|s| s.member_snapshot.is_none()));
+        }
+    }
+}

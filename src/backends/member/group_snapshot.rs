@@ -10,6 +10,7 @@ use std::time::Duration;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 
 use crate::domain::error::{CsiError, CsiResult};
+use crate::domain::volume::{Backing, GroupSnapshot, Lifecycle, Snapshot};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming;
 use crate::k8s::POLL_INTERVAL;
@@ -22,6 +23,17 @@ const VERSIONS: [&str; 3] = ["v1", "v1beta2", "v1beta1"];
 pub const DEFAULT_CLASS_ANNOTATION: &str = "groupsnapshot.storage.kubernetes.io/is-default-class";
 /// The annotation naming the host group snapshot a member one is cut for.
 pub const GROUP_ID_ANNOTATION: &str = "relay.csi.dev/group-snapshot-id";
+/// The group's record and its snapshots' (JSON, `GroupRecord`): what a
+/// controller with an empty state directory recovers the group from (the
+/// deploy/ controller's state is an emptyDir: every new pod starts empty).
+pub const GROUP_RECORD_ANNOTATION: &str = "relay.csi.dev/group-snapshot-record";
+
+/// What a member VolumeGroupSnapshot carries of the host group snapshot.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct GroupRecord {
+    pub group: GroupSnapshot,
+    pub snapshots: Vec<Snapshot>,
+}
 
 fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, version, kind), plural)
@@ -138,6 +150,8 @@ pub struct GroupPlan<'a> {
     pub driver_name: &'a str,
     /// The uuid label of each member claim: the selector takes exactly them.
     pub uuids: Vec<String>,
+    /// `GroupRecord` as JSON.
+    pub record: String,
 }
 
 pub fn manifest(plan: &GroupPlan<'_>) -> DynamicObject {
@@ -152,6 +166,7 @@ pub fn manifest(plan: &GroupPlan<'_>) -> DynamicObject {
             naming::DRIVER_ANNOTATION.to_string(),
             plan.driver_name.to_string(),
         ),
+        (GROUP_RECORD_ANNOTATION.to_string(), plan.record.clone()),
     ]));
     obj.data = serde_json::json!({
         "spec": {
@@ -312,4 +327,123 @@ pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult
             api.delete(name, &DeleteParams::background()),
         )
         .await?)
+}
+
+/// Every VolumeGroupSnapshot in the member marked as made by csi-relay,
+/// handed to `each` page by page; a member without the group snapshot API
+/// has none.
+pub async fn made_by_relay(
+    cluster: &Cluster,
+    mut each: impl FnMut(DynamicObject),
+) -> CsiResult<()> {
+    let Some(version) = served_version(cluster).await? else {
+        return Ok(());
+    };
+    let api: Api<DynamicObject> = Api::all_with(cluster.client(), &groups(version));
+    let params = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        naming::MANAGED_BY,
+        naming::MANAGER
+    ));
+    cluster
+        .list_pages(
+            "list csi-relay VolumeGroupSnapshots",
+            &api,
+            params,
+            |items| {
+                items.into_iter().for_each(&mut each);
+                Ok::<_, CsiError>(())
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+/// The group record a member VolumeGroupSnapshot carries, taken only as far
+/// as it agrees with the object: its id with the id annotation, its driver
+/// name, each snapshot of it, in this member and the object's namespace, of
+/// a volume of this member. Ready (with each snapshot's member
+/// VolumeSnapshot) iff the member shows the group and a VolumeSnapshot of
+/// each claim ready; else unfinished, which housekeeping rolls back.
+pub fn recovered(
+    member: &str,
+    driver_name: &str,
+    obj: &DynamicObject,
+    found: &BTreeMap<String, (String, bool)>,
+) -> Result<GroupRecord, String> {
+    let annotation = |k: &str| obj.metadata.annotations.as_ref().and_then(|a| a.get(k));
+    if annotation(naming::DRIVER_ANNOTATION).map(String::as_str) != Some(driver_name) {
+        return Err("made by another driver name".into());
+    }
+    let raw = annotation(GROUP_RECORD_ANNOTATION).ok_or("no record")?;
+    let mut record: GroupRecord =
+        serde_json::from_str(raw).map_err(|e| format!("record unreadable: {e}"))?;
+    let group = &record.group;
+    if annotation(GROUP_ID_ANNOTATION) != Some(&group.id)
+        || obj.metadata.name.as_deref() != Some(naming::group_snapshot_name(&group.id).as_str())
+    {
+        return Err("the record's id is not the object's".into());
+    }
+    crate::domain::validate::id(&group.id, "group_snapshot_id").map_err(|e| e.to_string())?;
+    crate::domain::validate::id(&group.name, "name").map_err(|e| e.to_string())?;
+    let ids: Vec<&String> = record.snapshots.iter().map(|s| &s.id).collect();
+    if ids != group.snapshot_ids.iter().collect::<Vec<_>>() {
+        return Err("the record's snapshots are not its group's".into());
+    }
+    for snap in &record.snapshots {
+        crate::domain::validate::id(&snap.id, "snapshot_id").map_err(|e| e.to_string())?;
+        crate::domain::validate::id(&snap.name, "name").map_err(|e| e.to_string())?;
+        let Backing::Member {
+            member: m,
+            namespace,
+            ..
+        } = &snap.backing
+        else {
+            return Err("not a member snapshot".into());
+        };
+        if m != member
+            || obj.metadata.namespace.as_ref() != Some(namespace)
+            || snap.group_snapshot_id.as_ref() != Some(&group.id)
+            || naming::parse_volume_id(&snap.source_volume_id).map(|(m, _)| m) != Some(member)
+        {
+            return Err(
+                "a snapshot's member, namespace, group or source volume disagrees with the object"
+                    .into(),
+            );
+        }
+    }
+    let cut = obj.data["status"]["readyToUse"].as_bool() == Some(true)
+        && record.snapshots.iter().all(|s| match &s.backing {
+            Backing::Member { pvc, .. } => found.get(pvc).is_some_and(|f| f.1),
+            _ => false,
+        });
+    let lifecycle = if cut {
+        Lifecycle::Ready
+    } else {
+        Lifecycle::Provisioning
+    };
+    record.group.lifecycle = lifecycle;
+    for snap in &mut record.snapshots {
+        snap.lifecycle = lifecycle;
+        snap.member_snapshot = match &snap.backing {
+            Backing::Member { pvc, .. } if cut => found.get(pvc).map(|f| f.0.clone()),
+            _ => None,
+        };
+    }
+    Ok(record)
+}
+
+/// `snapshots_of` for a VolumeGroupSnapshot read from the member.
+pub async fn snapshots_of_object(
+    cluster: &Cluster,
+    obj: &DynamicObject,
+) -> CsiResult<BTreeMap<String, (String, bool)>> {
+    let (Some(namespace), Some(name)) = (
+        obj.metadata.namespace.as_deref(),
+        obj.metadata.name.as_deref(),
+    ) else {
+        return Ok(BTreeMap::new());
+    };
+    let uid = obj.metadata.uid.clone().unwrap_or_default();
+    snapshots_of(cluster, namespace, name, &uid).await
 }
