@@ -212,22 +212,25 @@ if [[ $BACKEND == member && -n ${mname:-} ]]; then
   if waitfor 120 mgone; then ok "the member VolumeGroupSnapshot and its VolumeSnapshots deleted"; else
     fail "left in the member: $(km -n "$mns" get volumegroupsnapshot,volumesnapshot -o name 2>&1)"; fi
   # A class naming a member class that is not there: refused, and said.
-  kh apply -f - > /dev/null <<YAML
+  group_of_class() { # group_of_class GROUP CLASS PARAMETERS : a class of the relay, and a group of claims a, b
+    kh apply -f - > /dev/null <<YAML
 apiVersion: groupsnapshot.storage.k8s.io/$API
 kind: VolumeGroupSnapshotClass
-metadata: {name: $GROUPCLASS-missing}
+metadata: {name: $2}
 driver: $DRIVER
 deletionPolicy: Delete
-parameters: {memberGroupSnapshotClass: not-there}
+parameters: $3
 YAML
-  kn apply -f - > /dev/null <<YAML
+    kn apply -f - > /dev/null <<YAML
 apiVersion: groupsnapshot.storage.k8s.io/$API
 kind: VolumeGroupSnapshot
-metadata: {name: g2}
+metadata: {name: $1}
 spec:
-  volumeGroupSnapshotClassName: $GROUPCLASS-missing
+  volumeGroupSnapshotClassName: $2
   source: {selector: {matchLabels: {group: g1}}}
 YAML
+  }
+  group_of_class g2 $GROUPCLASS-missing "{memberGroupSnapshotClass: not-there}"
   said() { kn get volumegroupsnapshot g2 -o jsonpath='{.status.error.message}' | grep -q "has no VolumeGroupSnapshotClass not-there"; }
   if waitfor 60 said; then ok "a class naming a member class that is not there: $(kn get volumegroupsnapshot g2 -o jsonpath='{.status.error.message}' | grep -o 'FailedPrecondition.*' | head -c 160)"; else
     fail "VolumeGroupSnapshot g2 of a missing member class: $(kn get volumegroupsnapshot g2 -o jsonpath='{.status}')"; fi
@@ -235,22 +238,7 @@ YAML
   kh delete volumegroupsnapshotclass $GROUPCLASS-missing --ignore-not-found > /dev/null 2>&1
   # A class that opts in to one member VolumeSnapshot per volume (not crash-consistent): the
   # relay's own member VolumeSnapshots, no member VolumeGroupSnapshot.
-  kh apply -f - > /dev/null <<YAML
-apiVersion: groupsnapshot.storage.k8s.io/$API
-kind: VolumeGroupSnapshotClass
-metadata: {name: $GROUPCLASS-per-volume}
-driver: $DRIVER
-deletionPolicy: Delete
-parameters: {perVolumeSnapshots: "true", memberSnapshotClass: $M_KL_SNAPCLASS}
-YAML
-  kn apply -f - > /dev/null <<YAML
-apiVersion: groupsnapshot.storage.k8s.io/$API
-kind: VolumeGroupSnapshot
-metadata: {name: g3}
-spec:
-  volumeGroupSnapshotClassName: $GROUPCLASS-per-volume
-  source: {selector: {matchLabels: {group: g1}}}
-YAML
+  group_of_class g3 $GROUPCLASS-per-volume "{perVolumeSnapshots: \"true\", memberSnapshotClass: $M_KL_SNAPCLASS}"
   g3_ready() { [[ $(kn get volumegroupsnapshot g3 -o jsonpath='{.status.readyToUse}') == true ]]; }
   own_snaps() { km -n "$mns" get volumesnapshot -l app.kubernetes.io/managed-by=csi-relay -o name | grep -c .; }
   if waitfor 120 g3_ready; then

@@ -1138,22 +1138,32 @@ impl Backend for MemberBackend {
     }
 
     async fn recover_groups(&self) -> CsiResult<Vec<(GroupSnapshot, Vec<Snapshot>)>> {
-        let mut objects = Vec::new();
-        for (member, cluster) in &self.members {
-            group_snapshot::made_by_relay(cluster, |obj| objects.push((member, cluster, obj)))
-                .await?;
-        }
         let mut found = Vec::new();
-        for (member, cluster, obj) in objects {
-            let snaps = group_snapshot::snapshots_of_object(cluster, &obj).await?;
-            match group_snapshot::recovered(member, &self.driver_name, &obj, &snaps) {
-                Ok(record) => found.push((record.group, record.snapshots)),
-                Err(why) => tracing::warn!(
-                    member = %member,
-                    volume_group_snapshot = %obj.metadata.name.as_deref().unwrap_or_default(),
-                    reason = %why,
-                    "member VolumeGroupSnapshot not recovered"
-                ),
+        for (member, cluster) in &self.members {
+            // Each agreeing record, by namespace: a namespace's VolumeSnapshots
+            // are listed once for all its groups, and not for a record refused.
+            let mut by_namespace: BTreeMap<String, Vec<_>> = BTreeMap::new();
+            group_snapshot::made_by_relay(cluster, |obj| {
+                match group_snapshot::recovered(member, &self.driver_name, &obj) {
+                    Ok(record) => by_namespace
+                        .entry(obj.metadata.namespace.clone().unwrap_or_default())
+                        .or_default()
+                        .push((record, obj)),
+                    Err(why) => tracing::warn!(
+                        member = %member,
+                        volume_group_snapshot = %obj.metadata.name.as_deref().unwrap_or_default(),
+                        reason = %why,
+                        "member VolumeGroupSnapshot not recovered"
+                    ),
+                }
+            })
+            .await?;
+            for (namespace, records) in by_namespace {
+                let snapshots = group_snapshot::snapshots_in(cluster, &namespace).await?;
+                for (record, obj) in records {
+                    let record = group_snapshot::settled(record, &obj, &snapshots);
+                    found.push((record.group, record.snapshots));
+                }
             }
         }
         Ok(found)

@@ -2440,7 +2440,7 @@ async fn a_group_across_namespaces_is_refused_and_parameters_are_checked() {
 // A new controller recovers a group from the member VolumeGroupSnapshot's
 // record, taken only where it agrees with the object, and ready only when
 // the member shows it and a VolumeSnapshot of each claim ready.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn groups_are_recovered_from_member_volume_group_snapshots() {
     let (b, mut api) = east();
     let members = group_members(&b);
@@ -2490,18 +2490,15 @@ async fn groups_are_recovered_from_member_volume_group_snapshots() {
                 .ok(api_groups(&["v1beta2"]));
             let list = api.expect_page(groups_path).await;
             assert!(list.query.contains("labelSelector"), "{}", list.query);
-            // The same record on an object in another namespace: refused
-            // (no member VolumeSnapshots are read for it past the listing).
+            // The same record on an object in another namespace: refused,
+            // and nothing more is read for it; the namespace's snapshots are
+            // read once for its groups.
             list.ok(list_of(
                 "VolumeGroupSnapshot",
                 vec![object("relay", ready), object("elsewhere", true)],
             ));
             api.expect_page(SNAPS).await.ok(snaps("uid-relay"));
-            api.expect_page(
-                "/apis/snapshot.storage.k8s.io/v1/namespaces/elsewhere/volumesnapshots",
-            )
-            .await
-            .ok(list_of("VolumeSnapshot", vec![]));
+            api.expect_idle().await;
         });
         let found = found.unwrap();
         assert_eq!(found.len(), 1, "{found:?}");
@@ -2519,4 +2516,93 @@ async fn groups_are_recovered_from_member_volume_group_snapshots() {
             assert!(s.iter().all(|s| s.member_snapshot.is_none()));
         }
     }
+}
+
+// Which member class cuts a group, and each way the choice is refused; a
+// VolumeGroupSnapshot of the relay's name cut for another group is not taken.
+#[tokio::test(start_paused = true)]
+async fn the_member_group_class_is_chosen_or_refused_saying_why() {
+    let (cluster, mut api) = testing::member("east");
+    let classes = "/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshotclasses";
+    let cases: Vec<(Option<&str>, Vec<Value>, Result<&str, &str>)> = vec![
+        (
+            Some("hp"),
+            vec![group_class("hp", "hostpath", false)],
+            Ok("hp"),
+        ),
+        (
+            Some("gone"),
+            vec![group_class("hp", "hostpath", true)],
+            Err("has no VolumeGroupSnapshotClass gone"),
+        ),
+        (
+            Some("other"),
+            vec![group_class("other", "other.csi", true)],
+            Err("is of driver \"other.csi\""),
+        ),
+        (
+            None,
+            vec![
+                group_class("a", "hostpath", false),
+                group_class("b", "hostpath", false),
+            ],
+            Err("none of the VolumeGroupSnapshotClasses"),
+        ),
+        (
+            None,
+            vec![
+                group_class("a", "hostpath", true),
+                group_class("b", "hostpath", true),
+            ],
+            Err("several default"),
+        ),
+    ];
+    for (named, items, want) in cases {
+        let (got, ()) = tokio::join!(
+            group_snapshot::class_for(&cluster, "v1beta2", "hostpath", named),
+            async {
+                api.expect_page(classes)
+                    .await
+                    .ok(list_of("VolumeGroupSnapshotClass", items));
+            }
+        );
+        match want {
+            Ok(class) => assert_eq!(got.unwrap(), class),
+            Err(text) => {
+                let err = got.unwrap_err();
+                assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+                assert!(err.to_string().contains(text), "{err}");
+            }
+        }
+    }
+    let plan = group_snapshot::GroupPlan {
+        version: "v1beta2",
+        name: "relay-group-00aa",
+        namespace: "relay",
+        class: "hp",
+        group_id: "group-00aa",
+        driver_name: "relay.csi.dev",
+        uuids: vec![],
+        record: "{}".into(),
+    };
+    let obj = group_snapshot::manifest(&plan);
+    let (got, ()) = tokio::join!(
+        group_snapshot::ensure_ready(&cluster, &obj, &plan, &[], Duration::from_secs(1)),
+        async {
+            api.expect("POST", GROUPS).await.already_exists();
+            api.expect("GET", &format!("{GROUPS}/relay-group-00aa"))
+                .await
+                .ok(json!({
+                "apiVersion": "groupsnapshot.storage.k8s.io/v1beta2", "kind": "VolumeGroupSnapshot",
+                "metadata": {"name": "relay-group-00aa", "namespace": "relay",
+                             "annotations": {"relay.csi.dev/group-snapshot-id": "group-other"}}}));
+        }
+    );
+    let err = got.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.to_string()
+            .contains("was not cut for group snapshot group-00aa"),
+        "{err}"
+    );
 }

@@ -1058,6 +1058,26 @@ async fn relay_volumes_of_the_released_build_are_rebuilt_served_and_torn_down() 
     }
 }
 
+/// The rest of a sweep over a member with no claims or attachments of the
+/// relay's.
+async fn sweep_finds_nothing_else(member: &mut MockApi) {
+    member
+        .expect("GET", "/api/v1/persistentvolumeclaims")
+        .await
+        .ok(
+            json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
+                   "metadata": {}, "items": []}),
+        );
+    member
+        .expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
+        .await
+        .ok(
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
+                   "metadata": {}, "items": []}),
+        );
+    member.expect_idle().await;
+}
+
 // A group snapshot whose create never finished (the member refused it, or
 // the CO gave up): the CO never got its id, so housekeeping rolls it back,
 // member VolumeGroupSnapshot included, and its records go.
@@ -1115,21 +1135,7 @@ async fn housekeeping_rolls_back_a_group_snapshot_never_finished() {
             )
             .await
             .ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}));
-        member
-            .expect("GET", "/api/v1/persistentvolumeclaims")
-            .await
-            .ok(
-                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
-                       "metadata": {}, "items": []}),
-            );
-        member
-            .expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
-            .await
-            .ok(
-                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
-                       "metadata": {}, "items": []}),
-            );
-        member.expect_idle().await;
+        sweep_finds_nothing_else(&mut member).await;
     });
     let report = report.unwrap();
     assert_eq!(report.expired_group_snapshots, 1, "{report:?}");
@@ -1140,21 +1146,7 @@ async fn housekeeping_rolls_back_a_group_snapshot_never_finished() {
     fresh.created_unix = crate::ops::driver::now().0;
     d.db(move |st| st.put_group(&fresh)).await.unwrap();
     let (report, ()) = tokio::join!(crate::ops::housekeeping::sweep(&d), async {
-        member
-            .expect("GET", "/api/v1/persistentvolumeclaims")
-            .await
-            .ok(
-                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaimList",
-                       "metadata": {}, "items": []}),
-            );
-        member
-            .expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
-            .await
-            .ok(
-                json!({"apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachmentList",
-                       "metadata": {}, "items": []}),
-            );
-        member.expect_idle().await;
+        sweep_finds_nothing_else(&mut member).await;
     });
     assert_eq!(report.unwrap().expired_group_snapshots, 0);
     assert!(d.db(|st| st.group("group-1")).await.unwrap().is_some());

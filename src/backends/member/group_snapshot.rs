@@ -241,7 +241,7 @@ pub async fn ensure_ready(
         let mut waiting = "it is not ready to use yet".to_string();
         if current.data["status"]["readyToUse"].as_bool() == Some(true) {
             let uid = current.metadata.uid.clone().unwrap_or_default();
-            let found = snapshots_of(cluster, namespace, name, &uid).await?;
+            let found = of_group(&snapshots_in(cluster, namespace).await?, name, &uid);
             let missing: Vec<&String> = claims
                 .iter()
                 .filter(|c| !found.get(*c).is_some_and(|s| s.1))
@@ -271,45 +271,55 @@ pub async fn ensure_ready(
     }
 }
 
-/// The VolumeSnapshots the member made for its VolumeGroupSnapshot `group`
-/// (owned by it, or naming it in their status), by the claim each is of:
-/// (name, ready to use). Names the member chose are checked before use.
-async fn snapshots_of(
-    cluster: &Cluster,
-    namespace: &str,
-    group: &str,
-    uid: &str,
-) -> CsiResult<BTreeMap<String, (String, bool)>> {
+/// Every VolumeSnapshot in `namespace` of the member.
+pub async fn snapshots_in(cluster: &Cluster, namespace: &str) -> CsiResult<Vec<DynamicObject>> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(cluster.client(), namespace, &super::snapshot::resource());
-    let mut found = BTreeMap::new();
+    let mut all = Vec::new();
     cluster
         .list_pages(
-            "list VolumeSnapshots",
+            &format!("list VolumeSnapshots in {namespace}"),
             &api,
             kube::api::ListParams::default(),
             |items| {
-                for s in items {
-                    let owned = s.metadata.owner_references.iter().flatten().any(|o| {
-                        o.kind == "VolumeGroupSnapshot" && !uid.is_empty() && o.uid == uid
-                    });
-                    let named = s.data["status"]["volumeGroupSnapshotName"].as_str() == Some(group);
-                    let (Some(name), Some(claim)) = (
-                        s.metadata.name.clone(),
-                        s.data["spec"]["source"]["persistentVolumeClaimName"].as_str(),
-                    ) else {
-                        continue;
-                    };
-                    if (owned || named) && crate::domain::validate::is_object_name(&name) {
-                        let ready = s.data["status"]["readyToUse"].as_bool() == Some(true);
-                        found.insert(claim.to_string(), (name, ready));
-                    }
-                }
+                all.extend(items);
                 Ok::<_, CsiError>(())
             },
         )
         .await?;
-    Ok(found)
+    Ok(all)
+}
+
+/// Of `snapshots`, those the member made for its VolumeGroupSnapshot
+/// `group` (owned by it, or naming it in their status), by the claim each
+/// is of: (name, ready to use). Names the member chose are checked before
+/// use.
+pub fn of_group(
+    snapshots: &[DynamicObject],
+    group: &str,
+    uid: &str,
+) -> BTreeMap<String, (String, bool)> {
+    let mut found = BTreeMap::new();
+    for s in snapshots {
+        let owned = s
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.kind == "VolumeGroupSnapshot" && !uid.is_empty() && o.uid == uid);
+        let named = s.data["status"]["volumeGroupSnapshotName"].as_str() == Some(group);
+        let (Some(name), Some(claim)) = (
+            s.metadata.name.as_ref(),
+            s.data["spec"]["source"]["persistentVolumeClaimName"].as_str(),
+        ) else {
+            continue;
+        };
+        if (owned || named) && crate::domain::validate::is_object_name(name) {
+            let ready = s.data["status"]["readyToUse"].as_bool() == Some(true);
+            found.insert(claim.to_string(), (name.clone(), ready));
+        }
+    }
+    found
 }
 
 /// Deletes the member VolumeGroupSnapshot (its class's deletionPolicy
@@ -332,51 +342,34 @@ pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> CsiResult
 /// Every VolumeGroupSnapshot in the member marked as made by csi-relay,
 /// handed to `each` page by page; a member without the group snapshot API
 /// has none.
-pub async fn made_by_relay(
-    cluster: &Cluster,
-    mut each: impl FnMut(DynamicObject),
-) -> CsiResult<()> {
+pub async fn made_by_relay(cluster: &Cluster, each: impl FnMut(DynamicObject)) -> CsiResult<()> {
     let Some(version) = served_version(cluster).await? else {
         return Ok(());
     };
-    let api: Api<DynamicObject> = Api::all_with(cluster.client(), &groups(version));
-    let params = kube::api::ListParams::default().labels(&format!(
-        "{}={}",
-        naming::MANAGED_BY,
-        naming::MANAGER
-    ));
-    cluster
-        .list_pages(
-            "list csi-relay VolumeGroupSnapshots",
-            &api,
-            params,
-            |items| {
-                items.into_iter().for_each(&mut each);
-                Ok::<_, CsiError>(())
-            },
-        )
-        .await?;
-    Ok(())
+    super::snapshot::list_made_by_relay(
+        cluster,
+        "list csi-relay VolumeGroupSnapshots",
+        &groups(version),
+        each,
+    )
+    .await
 }
 
 /// The group record a member VolumeGroupSnapshot carries, taken only as far
 /// as it agrees with the object: its id with the id annotation, its driver
 /// name, each snapshot of it, in this member and the object's namespace, of
-/// a volume of this member. Ready (with each snapshot's member
-/// VolumeSnapshot) iff the member shows the group and a VolumeSnapshot of
-/// each claim ready; else unfinished, which housekeeping rolls back.
+/// a volume of this member (`settled` then says how far it is cut).
 pub fn recovered(
     member: &str,
     driver_name: &str,
     obj: &DynamicObject,
-    found: &BTreeMap<String, (String, bool)>,
 ) -> Result<GroupRecord, String> {
     let annotation = |k: &str| obj.metadata.annotations.as_ref().and_then(|a| a.get(k));
     if annotation(naming::DRIVER_ANNOTATION).map(String::as_str) != Some(driver_name) {
         return Err("made by another driver name".into());
     }
     let raw = annotation(GROUP_RECORD_ANNOTATION).ok_or("no record")?;
-    let mut record: GroupRecord =
+    let record: GroupRecord =
         serde_json::from_str(raw).map_err(|e| format!("record unreadable: {e}"))?;
     let group = &record.group;
     if annotation(GROUP_ID_ANNOTATION) != Some(&group.id)
@@ -412,6 +405,24 @@ pub fn recovered(
             );
         }
     }
+    Ok(record)
+}
+
+/// `record`, recovered from `obj`, as far as the member shows it cut:
+/// ready (with each snapshot's member VolumeSnapshot, from `snapshots` of
+/// the object's namespace) iff the member shows the group and a
+/// VolumeSnapshot of each claim ready; else unfinished, which housekeeping
+/// rolls back.
+pub fn settled(
+    mut record: GroupRecord,
+    obj: &DynamicObject,
+    snapshots: &[DynamicObject],
+) -> GroupRecord {
+    let found = of_group(
+        snapshots,
+        obj.metadata.name.as_deref().unwrap_or_default(),
+        obj.metadata.uid.as_deref().unwrap_or_default(),
+    );
     let cut = obj.data["status"]["readyToUse"].as_bool() == Some(true)
         && record.snapshots.iter().all(|s| match &s.backing {
             Backing::Member { pvc, .. } => found.get(pvc).is_some_and(|f| f.1),
@@ -430,20 +441,5 @@ pub fn recovered(
             _ => None,
         };
     }
-    Ok(record)
-}
-
-/// `snapshots_of` for a VolumeGroupSnapshot read from the member.
-pub async fn snapshots_of_object(
-    cluster: &Cluster,
-    obj: &DynamicObject,
-) -> CsiResult<BTreeMap<String, (String, bool)>> {
-    let (Some(namespace), Some(name)) = (
-        obj.metadata.namespace.as_deref(),
-        obj.metadata.name.as_deref(),
-    ) else {
-        return Ok(BTreeMap::new());
-    };
-    let uid = obj.metadata.uid.clone().unwrap_or_default();
-    snapshots_of(cluster, namespace, name, &uid).await
+    record
 }

@@ -171,18 +171,27 @@ pub async fn delete(cluster: &Cluster, namespace: &str, name: &str) -> KubeResul
 
 /// Every VolumeSnapshot in the member marked as made by csi-relay, handed
 /// to `each` page by page; a member without the snapshot API has none.
-pub async fn made_by_relay(
+pub async fn made_by_relay(cluster: &Cluster, each: impl FnMut(DynamicObject)) -> CsiResult<()> {
+    list_made_by_relay(cluster, "list csi-relay VolumeSnapshots", &resource(), each).await
+}
+
+/// Every object of `resource`, in all namespaces, marked as made by
+/// csi-relay (`app.kubernetes.io/managed-by=csi-relay`), handed to `each`
+/// page by page; an API the member does not serve has none.
+pub async fn list_made_by_relay(
     cluster: &Cluster,
+    what: &str,
+    resource: &ApiResource,
     mut each: impl FnMut(DynamicObject),
 ) -> CsiResult<()> {
-    let api: Api<DynamicObject> = Api::all_with(cluster.client(), &resource());
+    let api: Api<DynamicObject> = Api::all_with(cluster.client(), resource);
     let params = kube::api::ListParams::default().labels(&format!(
         "{}={}",
         crate::k8s::naming::MANAGED_BY,
         crate::k8s::naming::MANAGER
     ));
     cluster
-        .list_pages("list csi-relay VolumeSnapshots", &api, params, |items| {
+        .list_pages(what, &api, params, |items| {
             items.into_iter().for_each(&mut each);
             Ok::<_, CsiError>(())
         })
