@@ -2524,7 +2524,9 @@ async fn groups_are_recovered_from_member_volume_group_snapshots() {
 async fn the_member_group_class_is_chosen_or_refused_saying_why() {
     let (cluster, mut api) = testing::member("east");
     let classes = "/apis/groupsnapshot.storage.k8s.io/v1beta2/volumegroupsnapshotclasses";
-    let cases: Vec<(Option<&str>, Vec<Value>, Result<&str, &str>)> = vec![
+    /// A class named (or none), the member's classes, the choice or the refusal's words.
+    type Case<'a> = (Option<&'a str>, Vec<Value>, Result<&'a str, &'a str>);
+    let cases: Vec<Case> = vec![
         (
             Some("hp"),
             vec![group_class("hp", "hostpath", false)],
