@@ -16,6 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::domain::volume::Phase;
+use crate::k8s::name_set::NameSet;
 
 /// An object's namespace (empty for cluster-scoped kinds) and name.
 pub type Key = (String, String);
@@ -76,14 +77,14 @@ pub struct MemberView {
     pvs: HashMap<String, BoundVolume>,
     by_in_use: HashMap<String, String>,
     attachments: HashMap<String, Attachment>,
-    attached_to: HashMap<String, BTreeSet<String>>,
+    attached_to: HashMap<String, NameSet>,
     nodes: HashMap<String, BTreeSet<String>>,
-    listed_by: HashMap<String, BTreeSet<String>>,
+    listed_by: HashMap<String, NameSet>,
     pods: HashMap<Key, PodUse>,
-    users: HashMap<Key, BTreeSet<String>>,
+    users: HashMap<Key, NameSet>,
 }
 
-fn unindex(index: &mut HashMap<String, BTreeSet<String>>, key: &str, value: &str) {
+fn unindex(index: &mut HashMap<String, NameSet>, key: &str, value: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(value);
         if set.is_empty() {
@@ -225,7 +226,7 @@ impl MemberView {
             self.attached_to
                 .entry(pv.clone())
                 .or_default()
-                .insert(name.to_string());
+                .insert(name);
             self.touch_pv(pv, dirty);
         }
         self.attachments.insert(name.to_string(), va);
@@ -243,7 +244,7 @@ impl MemberView {
             self.listed_by
                 .entry(added.clone())
                 .or_default()
-                .insert(name.to_string());
+                .insert(name);
             self.touch_in_use(added, dirty);
         }
         if !new.is_empty() {
@@ -273,7 +274,7 @@ impl MemberView {
             self.users
                 .entry(claim.clone())
                 .or_default()
-                .insert(name.clone());
+                .insert(name);
             self.touch_claim(&claim, dirty);
         }
         self.pods.insert(key, pod);

@@ -15,6 +15,7 @@ pub mod error;
 pub mod member_problems;
 pub mod member_view;
 pub mod mirror;
+pub mod name_set;
 pub mod naming;
 pub mod nodes;
 pub mod observation;

@@ -319,8 +319,9 @@ struct Observer {
     tx: mpsc::Sender<Change>,
     view: MemberView,
     dirty: Dirty,
-    /// The status entries last written per volume id.
-    written: HashMap<String, Vec<RelayNodeStatus>>,
+    /// The status entries last written per volume id, as their JSON
+    /// (`written_form`): one string instead of about ten per volume.
+    written: HashMap<String, Box<str>>,
     /// The RelayVolumes as the controller watches them.
     seen: Option<Store<RelayVolume>>,
     /// Whether `seen` has listed: an object it lacks is then new.
@@ -584,14 +585,15 @@ impl Observer {
                 None if self.written.contains_key(&id) => Vec::new(),
                 None => continue,
             };
+            let form = written_form(&entries);
             if !self.written.contains_key(&id)
                 && claimed
                 && self.held(&id) == Some(sorted(&entries))
             {
-                self.written.insert(id, entries);
+                self.written.insert(id, form);
                 continue;
             }
-            if self.written.get(&id) == Some(&entries) {
+            if self.written.get(&id) == Some(&form) {
                 continue;
             }
             writes.push((id, entries, claimed));
@@ -620,7 +622,7 @@ impl Observer {
             if !claimed {
                 self.written.remove(&id);
             } else {
-                self.written.insert(id, entries);
+                self.written.insert(id, written_form(&entries));
             }
         }
     }
@@ -645,6 +647,16 @@ impl Observer {
             .collect();
         Some(sorted(&mine))
     }
+}
+
+/// What `written` keeps of entries: their JSON, equal exactly when they
+/// are (the states are computed in node order, so equal entries encode
+/// alike). Debug's text stands in if encoding ever failed: as exact, only
+/// longer.
+fn written_form(entries: &[RelayNodeStatus]) -> Box<str> {
+    serde_json::to_string(entries)
+        .unwrap_or_else(|_| format!("{entries:?}"))
+        .into_boxed_str()
 }
 
 fn sorted(entries: &[RelayNodeStatus]) -> Vec<RelayNodeStatus> {
