@@ -233,7 +233,7 @@ mod tests {
         assert_eq!(obj.metadata.labels, None);
         assert_eq!(obj.metadata.finalizers, None);
         assert!(obj.spec.record.is_empty() && obj.spec.volume_name.is_empty());
-        assert_eq!((obj.spec.member, obj.spec.member_pvc), (None, None));
+        assert_eq!((&obj.spec.member, &obj.spec.member_pvc), (&None, &None));
         // The store finds it by name alone.
         let (reader, mut writer) = reflector::store::<RelayVolume>();
         writer.apply_watcher_event(&watcher::Event::Apply(obj));
