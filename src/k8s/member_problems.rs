@@ -24,14 +24,14 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::api::Api;
 use kube::runtime::events::{Event as Report, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::Key;
 use crate::k8s::naming;
-use crate::k8s::relay_volume::{apply_last_error, member_word, object_name, RelayVolume};
+use crate::k8s::relay_view::{self, View};
+use crate::k8s::relay_volume::{apply_last_error, member_word, object_name};
 use crate::k8s::CALL_TIMEOUT;
 
 /// How often the claims behind a shown problem are looked at again.
@@ -79,7 +79,7 @@ pub fn said(event: &Event) -> String {
 
 /// Watches member `member`'s claim warnings for as long as the controller
 /// leads (the task ends with the process).
-pub fn spawn(member: String, watch_client: kube::Client, host: Cluster, seen: Store<RelayVolume>) {
+pub fn spawn(member: String, watch_client: kube::Client, host: Cluster, seen: View) {
     let api = Api::<Event>::all(watch_client.clone());
     let config =
         watcher::Config::default().fields("type=Warning,involvedObject.kind=PersistentVolumeClaim");
@@ -113,7 +113,7 @@ pub struct Problems {
     member: String,
     client: kube::Client,
     host: Cluster,
-    seen: Store<RelayVolume>,
+    seen: View,
     recorder: Recorder,
     foreign: HashSet<Key>,
     /// Volume id → the claim and the text its LAST-ERROR shows.
@@ -121,12 +121,7 @@ pub struct Problems {
 }
 
 impl Problems {
-    pub fn new(
-        member: String,
-        client: kube::Client,
-        host: Cluster,
-        seen: Store<RelayVolume>,
-    ) -> Self {
+    pub fn new(member: String, client: kube::Client, host: Cluster, seen: View) -> Self {
         let recorder = Recorder::new(
             host.client(),
             Reporter {
@@ -216,8 +211,8 @@ impl Problems {
     async fn tell_host_claim(&self, id: &str, text: &str) {
         let Some(host_pvc) = self
             .seen
-            .get(&ObjectRef::new(&object_name(id)))
-            .and_then(|rv| rv.spec.host_pvc.clone())
+            .get(&relay_view::key(&object_name(id)))
+            .and_then(|rv| rv.host_pvc.clone())
         else {
             return;
         };
@@ -276,7 +271,7 @@ impl Problems {
             }
             let shown = self
                 .seen
-                .get(&ObjectRef::new(&object_name(&id)))
+                .get(&relay_view::key(&object_name(&id)))
                 .and_then(|rv| rv.status.clone())
                 .and_then(|s| s.last_error);
             if shown.as_deref() == Some(text.as_str())

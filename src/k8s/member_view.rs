@@ -223,10 +223,7 @@ impl MemberView {
             return;
         };
         if let Some(pv) = &va.pv {
-            self.attached_to
-                .entry(pv.clone())
-                .or_default()
-                .insert(name);
+            self.attached_to.entry(pv.clone()).or_default().insert(name);
             self.touch_pv(pv, dirty);
         }
         self.attachments.insert(name.to_string(), va);
@@ -271,10 +268,7 @@ impl MemberView {
         };
         for claim in &pod.claims {
             let claim = (namespace.clone(), claim.clone());
-            self.users
-                .entry(claim.clone())
-                .or_default()
-                .insert(name);
+            self.users.entry(claim.clone()).or_default().insert(name);
             self.touch_claim(&claim, dirty);
         }
         self.pods.insert(key, pod);

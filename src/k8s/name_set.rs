@@ -80,7 +80,10 @@ mod tests {
                 (set.remove(name), model.remove(name))
             };
             assert_eq!(got, want, "{add} {name}");
-            assert_eq!(set.iter().collect::<Vec<_>>(), model.iter().collect::<Vec<_>>());
+            assert_eq!(
+                set.iter().collect::<Vec<_>>(),
+                model.iter().collect::<Vec<_>>()
+            );
             assert_eq!(set.is_empty(), model.is_empty());
         }
     }

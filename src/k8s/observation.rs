@@ -27,7 +27,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use serde::de::DeserializeOwned;
@@ -38,6 +37,7 @@ use tokio::time::Instant;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::{Attachment, BoundVolume, Claim, Dirty, Key, MemberView, PodUse};
 use crate::k8s::naming;
+use crate::k8s::relay_view::{self, View};
 use crate::k8s::relay_volume::{controller_status_body, object_name, RelayNodeStatus, RelayVolume};
 use crate::k8s::watched::{AttachmentObject, ClaimObject, NodeObject, PodObject, VolumeObject};
 use crate::k8s::{CALL_TIMEOUT, FIELD_MANAGER};
@@ -285,7 +285,7 @@ impl Retries {
 /// `seen`: the controller's view of the RelayVolumes, so what they already
 /// hold is not written again (a new controller would otherwise rewrite
 /// every volume's entries).
-pub fn spawn(member: String, watch_client: kube::Client, host: Cluster, seen: Store<RelayVolume>) {
+pub fn spawn(member: String, watch_client: kube::Client, host: Cluster, seen: View) {
     let (tx, rx) = mpsc::channel(1024);
     let relay_only =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
@@ -323,7 +323,7 @@ struct Observer {
     /// (`written_form`): one string instead of about ten per volume.
     written: HashMap<String, Box<str>>,
     /// The RelayVolumes as the controller watches them.
-    seen: Option<Store<RelayVolume>>,
+    seen: Option<View>,
     /// Whether `seen` has listed: an object it lacks is then new.
     seen_listed: bool,
     /// Pod watches (by scope) that have not listed yet, since when.
@@ -633,7 +633,7 @@ impl Observer {
     /// `None` when that is not known. An object the listed view lacks has
     /// none: it is new (its first event not in yet), or not there.
     fn held(&self, id: &str) -> Option<Vec<RelayNodeStatus>> {
-        let obj = self.seen.as_ref()?.get(&ObjectRef::new(&object_name(id)));
+        let obj = self.seen.as_ref()?.get(&relay_view::key(&object_name(id)));
         if obj.is_none() && !self.seen_listed {
             return None;
         }

@@ -5,11 +5,13 @@
 //! one's summary lags its entries it re-applies its view of the volume,
 //! which folds them in (`relay_volume::summary`).
 
+use futures::TryStreamExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector;
 use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::k8s::naming;
+use crate::k8s::relay_view::{self, Seen, View};
 use crate::k8s::relay_volume::{object_name, summary, RelayVolume, RelayVolumeObserver};
 
 /// Starts watching RelayVolumes through `watch_client`; returns the view
@@ -17,18 +19,15 @@ use crate::k8s::relay_volume::{object_name, summary, RelayVolume, RelayVolumeObs
 /// catching up with that writer.
 pub fn watch(
     watch_client: kube::Client,
-) -> (
-    Store<RelayVolume>,
-    impl FnOnce(crate::store::Store, RelayVolumeObserver),
-) {
-    let (reader, writer) = reflector::store();
+) -> (View, impl FnOnce(crate::store::Store, RelayVolumeObserver)) {
+    let (reader, writer) = relay_view::view();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
     let stream = reflector::reflector(
         writer,
         watcher(Api::<RelayVolume>::all(watch_client), config)
             .default_backoff()
-            .modify(slim),
+            .map_ok(relay_view::seen_event),
     );
     let start = move |store: crate::store::Store, relay: RelayVolumeObserver| {
         tokio::spawn(async move {
@@ -47,28 +46,6 @@ pub fn watch(
     (reader, start)
 }
 
-/// Keeps of a watched RelayVolume only what its readers read: the name
-/// and version (the key, and the version a catch-up writes onto), the
-/// volume id and host claim, and the status (every writer's entries, the
-/// summary, LAST-ERROR). The rest (the record, labels, managedFields, the
-/// member's names) is in the store or unread, and stayed in memory per
-/// volume for nothing: about 1 KiB each (`bench/member-scale.sh`).
-pub fn slim(rv: &mut RelayVolume) {
-    let meta = &mut rv.metadata;
-    meta.managed_fields = None;
-    meta.labels = None;
-    meta.annotations = None;
-    meta.finalizers = None;
-    meta.owner_references = None;
-    meta.uid = None;
-    meta.generate_name = None;
-    let spec = &mut rv.spec;
-    spec.record = String::new();
-    spec.volume_name = String::new();
-    spec.member = None;
-    spec.member_pvc = None;
-}
-
 /// Re-applies the controller's status of the volume when the object's
 /// summary lags its entries. Status only, and so without the volume's
 /// guard: a status apply never creates the object, so a call deleting the
@@ -77,8 +54,8 @@ pub fn slim(rv: &mut RelayVolume) {
 /// write raises catches it up. (Under the guard, a call arriving meanwhile
 /// was refused ABORTED, and an event met while a call held the guard was
 /// lost.)
-async fn catch_up(store: &crate::store::Store, relay: &RelayVolumeObserver, obj: &RelayVolume) {
-    let id = &obj.spec.volume_id;
+async fn catch_up(store: &crate::store::Store, relay: &RelayVolumeObserver, obj: &Seen) {
+    let id = &obj.volume_id;
     let mut seen = std::borrow::Cow::Borrowed(obj);
     // A failed write is tried once more onto a newer version the view may
     // hold: its event may have been passed over while the write was
@@ -101,13 +78,13 @@ async fn catch_up(store: &crate::store::Store, relay: &RelayVolumeObserver, obj:
         // may have been removed since (a volume released, whose object stays
         // as its record), and an object that changed meanwhile raises an
         // event of its own.
-        let version = seen.metadata.resource_version.clone();
+        let version = seen.resource_version.clone();
         match relay.apply_status_onto(&vol, version.as_deref()).await {
             Ok(_) => return,
             Err(e) => {
                 tracing::debug!(volume_id = %id, error = %e, "RelayVolume summary not caught up; the next event retries");
                 match relay.watched(&object_name(id)) {
-                    Some(newer) if newer.metadata.resource_version != version => {
+                    Some(newer) if newer.resource_version != version => {
                         seen = std::borrow::Cow::Owned((*newer).clone());
                     }
                     _ => return,
@@ -153,7 +130,8 @@ mod tests {
             .limiter
             .try_acquire(&[crate::rt::limiter::volume_key(&vol.id)])
             .unwrap();
-        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &obj), async {
+        let seen = Seen::from(obj.clone());
+        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &seen), async {
             let call = api.next().await;
             assert_eq!(call.method, "PATCH");
             assert!(call.path.ends_with("/status"), "status only: {}", call.path);
@@ -187,13 +165,13 @@ mod tests {
         crate::ops::driver::Driver,
         testing::MockApi,
         RelayVolumeObserver,
-        reflector::store::Writer<RelayVolume>,
+        reflector::store::Writer<Seen>,
         crate::domain::volume::Volume,
     ) {
         let (driver, host, _member_api, api) = testing::controller(dir);
         let vol = member_volume();
         driver.put_volume(&vol).await.unwrap();
-        let (reader, writer) = reflector::store::<RelayVolume>();
+        let (reader, writer) = relay_view::view();
         let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
             .with_view(reader);
         (driver, api, relay, writer, vol)
@@ -208,37 +186,6 @@ mod tests {
             ..Default::default()
         });
         obj
-    }
-
-    // What the readers read stays (the key, the version a catch-up writes
-    // onto, the volume id, the host claim, the whole status); the rest goes.
-    #[test]
-    fn the_view_keeps_what_its_readers_read_and_nothing_else() {
-        let vol = member_volume();
-        let mut obj = watched(&vol, "7", "PUBLISHED");
-        obj.status.as_mut().unwrap().nodes = Some(vec![member_entry("PUBLISHED")]);
-        obj.status.as_mut().unwrap().last_error = Some("member says no".into());
-        obj.spec.host_pvc = Some("apps/data".into());
-        obj.metadata.uid = Some("4f1c".into());
-        obj.metadata.labels = Some([(naming::MANAGED_BY.to_string(), naming::MANAGER.to_string())].into());
-        obj.metadata.finalizers = Some(vec!["example.com/hold".into()]);
-        let before = obj.clone();
-        slim(&mut obj);
-        assert_eq!(obj.metadata.name, before.metadata.name);
-        assert_eq!(obj.metadata.resource_version.as_deref(), Some("7"));
-        assert_eq!(obj.spec.volume_id, vol.id);
-        assert_eq!(obj.spec.host_pvc.as_deref(), Some("apps/data"));
-        assert_eq!(obj.status, before.status);
-        assert_eq!(obj.metadata.uid, None);
-        assert_eq!(obj.metadata.labels, None);
-        assert_eq!(obj.metadata.finalizers, None);
-        assert!(obj.spec.record.is_empty() && obj.spec.volume_name.is_empty());
-        assert_eq!((&obj.spec.member, &obj.spec.member_pvc), (&None, &None));
-        // The store finds it by name alone.
-        let (reader, mut writer) = reflector::store::<RelayVolume>();
-        writer.apply_watcher_event(&watcher::Event::Apply(obj));
-        let key = kube::runtime::reflector::ObjectRef::new(&object_name(&vol.id));
-        assert!(reader.get(&key).is_some());
     }
 
     fn member_entry(phase: &str) -> crate::k8s::relay_volume::RelayNodeStatus {
@@ -264,14 +211,15 @@ mod tests {
         });
         assert!(landed.unwrap());
         let mut obj = watched(&vol, "40", "PROVISIONING");
-        writer.apply_watcher_event(&watcher::Event::Apply(obj.clone()));
-        catch_up(&driver.store, &relay, &obj).await;
+        writer.apply_watcher_event(&relay_view::applied(obj.clone()));
+        catch_up(&driver.store, &relay, &Seen::from(obj.clone())).await;
         api.expect_idle().await;
 
         obj.status.as_mut().unwrap().nodes = Some(vec![member_entry("NODE_READY")]);
         obj.metadata.resource_version = Some("45".into());
-        writer.apply_watcher_event(&watcher::Event::Apply(obj.clone()));
-        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &obj), async {
+        writer.apply_watcher_event(&relay_view::applied(obj.clone()));
+        let seen = Seen::from(obj.clone());
+        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &seen), async {
             let call = api.next().await;
             assert_eq!(call.body["status"]["phase"], "NODE_READY");
             call.ok(serde_json::to_value(watched(&vol, "50", "CREATED")).unwrap());
@@ -290,10 +238,11 @@ mod tests {
         older.status.as_mut().unwrap().nodes = Some(vec![member_entry("NODE_READY")]);
         let mut newer = older.clone();
         newer.metadata.resource_version = Some("42".into());
-        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &older), async {
+        let seen = Seen::from(older.clone());
+        let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &seen), async {
             let call = api.next().await;
             assert_eq!(call.body["metadata"]["resourceVersion"], "41");
-            writer.apply_watcher_event(&watcher::Event::Apply(newer.clone()));
+            writer.apply_watcher_event(&relay_view::applied(newer.clone()));
             call.status(409, "Conflict", "the object has been modified");
             let call = tokio::time::timeout(std::time::Duration::from_secs(5), api.next())
                 .await

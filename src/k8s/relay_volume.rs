@@ -520,7 +520,7 @@ pub struct RelayVolumeObserver {
     host: Cluster,
     role: Role,
     /// The RelayVolumes as watched (controller): every writer's entries.
-    view: Option<kube::runtime::reflector::Store<RelayVolume>>,
+    view: Option<crate::k8s::relay_view::View>,
     /// The phase and node summary the controller last sent, by object
     /// name: the watch events of its own earlier writes, which arrive
     /// after it moved on, are then not taken for a summary that lags
@@ -540,7 +540,7 @@ impl RelayVolumeObserver {
     }
 
     /// Folds the watched objects' entries into the phase it writes.
-    pub fn with_view(mut self, view: kube::runtime::reflector::Store<RelayVolume>) -> Self {
+    pub fn with_view(mut self, view: crate::k8s::relay_view::View) -> Self {
         self.view = Some(view);
         self
     }
@@ -550,10 +550,8 @@ impl RelayVolumeObserver {
     }
 
     /// Object `name` as last watched.
-    pub fn watched(&self, name: &str) -> Option<Arc<RelayVolume>> {
-        self.view
-            .as_ref()?
-            .get(&kube::runtime::reflector::ObjectRef::new(name))
+    pub fn watched(&self, name: &str) -> Option<Arc<crate::k8s::relay_view::Seen>> {
+        self.view.as_ref()?.get(&crate::k8s::relay_view::key(name))
     }
 
     /// Whether the last phase and node summary sent for volume `id`'s
