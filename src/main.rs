@@ -69,6 +69,7 @@ async fn run() -> std::process::ExitCode {
         }
         Command::Serve(args) => {
             init_logging(args.log_format);
+            csi_relay::rt::heap::spawn_trimmer();
             match csi_relay::app::server::serve(args).await {
                 Ok(()) => std::process::ExitCode::SUCCESS,
                 Err(e) => {

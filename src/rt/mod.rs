@@ -2,13 +2,15 @@
 //! number and time (`offload`, `bounded`), retries back off, one call per
 //! volume at a time (`limiter`), observers are fed from a queue, and the
 //! Prometheus counters live here. The write `fence` says until when this
-//! process may change anything in a cluster.
+//! process may change anything in a cluster; `heap` gives back what a
+//! burst freed.
 //!
 //! May import: `csi`, `domain`.
 
 pub mod backoff;
 pub mod bounded;
 pub mod fence;
+pub mod heap;
 pub mod limiter;
 pub mod metrics;
 pub mod observer_queue;
