@@ -38,12 +38,12 @@ fn problems(
     Problems,
     MockApi,
     MockApi,
-    reflector::store::Writer<crate::k8s::relay_view::Seen>,
+    reflector::store::Writer<crate::k8s::relay_volume::Seen>,
 ) {
     let (member_client, member) = testing::client();
     let (host, host_api) = testing::host();
-    let (reader, mut writer) = crate::k8s::relay_view::view();
-    writer.apply_watcher_event(&crate::k8s::relay_view::applied(relay_volume(last_error)));
+    let (reader, mut writer) = crate::k8s::relay_volume::new_view();
+    writer.apply_watcher_event(&crate::k8s::relay_volume::applied(relay_volume(last_error)));
     (
         Problems::new("east".into(), member_client, host, reader),
         member,
@@ -128,7 +128,9 @@ async fn a_relay_claim_the_member_cannot_provision_is_shown_on_its_relay_volume_
             .ok(member_claim("uid-1", "Pending", true));
         host.expect_idle().await;
     });
-    view.apply_watcher_event(&crate::k8s::relay_view::applied(relay_volume(Some(SHOWN))));
+    view.apply_watcher_event(&crate::k8s::relay_volume::applied(relay_volume(Some(
+        SHOWN,
+    ))));
     let ((), ()) = tokio::join!(p.recheck(), async {
         member
             .expect("GET", CLAIM)
@@ -165,7 +167,7 @@ async fn a_call_that_wrote_since_keeps_its_last_error() {
         host.next().await.not_found(); // no host claim: no event
         host.expect_idle().await;
     });
-    view.apply_watcher_event(&crate::k8s::relay_view::applied(relay_volume(Some(
+    view.apply_watcher_event(&crate::k8s::relay_volume::applied(relay_volume(Some(
         "ControllerPublishVolume: Unavailable: ...",
     ))));
     let ((), ()) = tokio::join!(p.recheck(), async {

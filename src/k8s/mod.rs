@@ -21,7 +21,6 @@ pub mod nodes;
 pub mod observation;
 pub mod registrar;
 pub mod relay_summary;
-pub mod relay_view;
 pub mod relay_volume;
 pub mod watched;
 

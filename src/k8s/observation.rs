@@ -37,7 +37,7 @@ use tokio::time::Instant;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::{Attachment, BoundVolume, Claim, Dirty, Key, MemberView, PodUse};
 use crate::k8s::naming;
-use crate::k8s::relay_view::{self, View};
+use crate::k8s::relay_volume::View;
 use crate::k8s::relay_volume::{controller_status_body, object_name, RelayNodeStatus, RelayVolume};
 use crate::k8s::watched::{AttachmentObject, ClaimObject, NodeObject, PodObject, VolumeObject};
 use crate::k8s::{CALL_TIMEOUT, FIELD_MANAGER};
@@ -633,7 +633,10 @@ impl Observer {
     /// `None` when that is not known. An object the listed view lacks has
     /// none: it is new (its first event not in yet), or not there.
     fn held(&self, id: &str) -> Option<Vec<RelayNodeStatus>> {
-        let obj = self.seen.as_ref()?.get(&relay_view::key(&object_name(id)));
+        let obj = self
+            .seen
+            .as_ref()?
+            .get(&crate::k8s::relay_volume::view_key(&object_name(id)));
         if obj.is_none() && !self.seen_listed {
             return None;
         }

@@ -356,7 +356,7 @@ async fn a_new_observer_writes_only_what_the_objects_do_not_hold() {
     let (host, mut host_api) = testing::host();
     let (tx, mut rx) = mpsc::channel(16);
     let mut o = Observer::new("east".into(), member_client, host, tx);
-    let (seen, mut view) = crate::k8s::relay_view::view();
+    let (seen, mut view) = crate::k8s::relay_volume::new_view();
     let running = json!([{"node": "east/n1", "member": "east", "phase": "PUBLISHED",
                           "pods": ["shop/user-of-pvc1"]}]);
     // V1 holds its running pod's entry (and a host node's, not this
@@ -365,8 +365,8 @@ async fn a_new_observer_writes_only_what_the_objects_do_not_hold() {
     if let Some(list) = v1.as_array_mut() {
         list.insert(0, json!({"node": "host-a", "attached": true}));
     }
-    view.apply_watcher_event(&crate::k8s::relay_view::applied(held_object(V1, v1)));
-    view.apply_watcher_event(&crate::k8s::relay_view::applied(held_object(V2, running)));
+    view.apply_watcher_event(&crate::k8s::relay_volume::applied(held_object(V1, v1)));
+    view.apply_watcher_event(&crate::k8s::relay_volume::applied(held_object(V2, running)));
     o.seen = Some(seen);
 
     o.apply(Change::Claims(Sync::Replace(vec![
@@ -482,7 +482,7 @@ async fn a_new_object_gets_no_empty_entries_once_the_view_has_listed() {
     let (host, mut host_api) = testing::host();
     let (tx, _rx) = mpsc::channel(16);
     let mut o = Observer::new("east".into(), member_client, host, tx);
-    let (seen, _view) = crate::k8s::relay_view::view();
+    let (seen, _view) = crate::k8s::relay_volume::new_view();
     o.seen = Some(seen);
     o.seen_listed = true;
     o.apply(Change::Claims(Sync::Replace(vec![(

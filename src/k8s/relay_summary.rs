@@ -11,8 +11,8 @@ use kube::runtime::reflector;
 use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::k8s::naming;
-use crate::k8s::relay_view::{self, Seen, View};
 use crate::k8s::relay_volume::{object_name, summary, RelayVolume, RelayVolumeObserver};
+use crate::k8s::relay_volume::{Seen, View};
 
 /// Starts watching RelayVolumes through `watch_client`; returns the view
 /// the controller's writer reads entries from, and what starts the
@@ -20,14 +20,14 @@ use crate::k8s::relay_volume::{object_name, summary, RelayVolume, RelayVolumeObs
 pub fn watch(
     watch_client: kube::Client,
 ) -> (View, impl FnOnce(crate::store::Store, RelayVolumeObserver)) {
-    let (reader, writer) = relay_view::view();
+    let (reader, writer) = crate::k8s::relay_volume::new_view();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
     let stream = reflector::reflector(
         writer,
         watcher(Api::<RelayVolume>::all(watch_client), config)
             .default_backoff()
-            .map_ok(relay_view::seen_event),
+            .map_ok(crate::k8s::relay_volume::seen_event),
     );
     let start = move |store: crate::store::Store, relay: RelayVolumeObserver| {
         tokio::spawn(async move {
@@ -171,7 +171,7 @@ mod tests {
         let (driver, host, _member_api, api) = testing::controller(dir);
         let vol = member_volume();
         driver.put_volume(&vol).await.unwrap();
-        let (reader, writer) = relay_view::view();
+        let (reader, writer) = crate::k8s::relay_volume::new_view();
         let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"))
             .with_view(reader);
         (driver, api, relay, writer, vol)
@@ -211,13 +211,13 @@ mod tests {
         });
         assert!(landed.unwrap());
         let mut obj = watched(&vol, "40", "PROVISIONING");
-        writer.apply_watcher_event(&relay_view::applied(obj.clone()));
+        writer.apply_watcher_event(&crate::k8s::relay_volume::applied(obj.clone()));
         catch_up(&driver.store, &relay, &Seen::from(obj.clone())).await;
         api.expect_idle().await;
 
         obj.status.as_mut().unwrap().nodes = Some(vec![member_entry("NODE_READY")]);
         obj.metadata.resource_version = Some("45".into());
-        writer.apply_watcher_event(&relay_view::applied(obj.clone()));
+        writer.apply_watcher_event(&crate::k8s::relay_volume::applied(obj.clone()));
         let seen = Seen::from(obj.clone());
         let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &seen), async {
             let call = api.next().await;
@@ -242,7 +242,7 @@ mod tests {
         let ((), ()) = tokio::join!(catch_up(&driver.store, &relay, &seen), async {
             let call = api.next().await;
             assert_eq!(call.body["metadata"]["resourceVersion"], "41");
-            writer.apply_watcher_event(&relay_view::applied(newer.clone()));
+            writer.apply_watcher_event(&crate::k8s::relay_volume::applied(newer.clone()));
             call.status(409, "Conflict", "the object has been modified");
             let call = tokio::time::timeout(std::time::Duration::from_secs(5), api.next())
                 .await

@@ -640,7 +640,7 @@ async fn the_highest_term_is_read_from_every_page() {
 #[tokio::test]
 async fn a_calls_success_clears_a_calls_failure_not_the_members_word() {
     let (host, _api) = testing::host();
-    let (reader, mut writer) = crate::k8s::relay_view::view();
+    let (reader, mut writer) = crate::k8s::relay_volume::new_view();
     let observer = RelayVolumeObserver::new(
         host,
         Role::Controller {
@@ -655,7 +655,7 @@ async fn a_calls_success_clears_a_calls_failure_not_the_members_word() {
             last_error: Some(text.to_string()),
             ..Default::default()
         });
-        crate::k8s::relay_view::applied(rv)
+        crate::k8s::relay_volume::applied(rv)
     };
     writer.apply_watcher_event(&shown(&member_word(
         "east",
