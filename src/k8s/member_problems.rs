@@ -30,8 +30,7 @@ use kube::Resource;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::Key;
 use crate::k8s::naming;
-use crate::k8s::relay_volume::View;
-use crate::k8s::relay_volume::{apply_last_error, member_word, object_name};
+use crate::k8s::relay_volume::{apply_last_error, member_word, object_name, view_key, View};
 use crate::k8s::CALL_TIMEOUT;
 
 /// How often the claims behind a shown problem are looked at again.
@@ -211,7 +210,7 @@ impl Problems {
     async fn tell_host_claim(&self, id: &str, text: &str) {
         let Some(host_pvc) = self
             .seen
-            .get(&crate::k8s::relay_volume::view_key(&object_name(id)))
+            .get(&view_key(&object_name(id)))
             .and_then(|rv| rv.host_pvc.clone())
         else {
             return;
@@ -271,7 +270,7 @@ impl Problems {
             }
             let shown = self
                 .seen
-                .get(&crate::k8s::relay_volume::view_key(&object_name(&id)))
+                .get(&view_key(&object_name(&id)))
                 .and_then(|rv| rv.status.clone())
                 .and_then(|s| s.last_error);
             if shown.as_deref() == Some(text.as_str())

@@ -37,8 +37,9 @@ use tokio::time::Instant;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::member_view::{Attachment, BoundVolume, Claim, Dirty, Key, MemberView, PodUse};
 use crate::k8s::naming;
-use crate::k8s::relay_volume::View;
-use crate::k8s::relay_volume::{controller_status_body, object_name, RelayNodeStatus, RelayVolume};
+use crate::k8s::relay_volume::{
+    controller_status_body, object_name, view_key, RelayNodeStatus, RelayVolume, View,
+};
 use crate::k8s::watched::{AttachmentObject, ClaimObject, NodeObject, PodObject, VolumeObject};
 use crate::k8s::{CALL_TIMEOUT, FIELD_MANAGER};
 
@@ -596,23 +597,23 @@ impl Observer {
             if self.written.get(&id) == Some(&form) {
                 continue;
             }
-            writes.push((id, entries, claimed));
+            writes.push((id, entries, form, claimed));
         }
         // Member names are at most 40 characters: well within the API's 128.
         let manager = format!("{FIELD_MANAGER}-member-{member}");
         let host = &self.host;
-        let results: Vec<(String, Vec<RelayNodeStatus>, bool, bool)> =
-            futures::stream::iter(writes.into_iter().map(|(id, entries, claimed)| {
+        let results: Vec<(String, Box<str>, bool, bool)> =
+            futures::stream::iter(writes.into_iter().map(|(id, entries, form, claimed)| {
                 let manager = manager.as_str();
                 async move {
                     let landed = report(host, member, manager, &id, &entries).await;
-                    (id, entries, claimed, landed)
+                    (id, form, claimed, landed)
                 }
             }))
             .buffer_unordered(PARALLEL)
             .collect()
             .await;
-        for (id, entries, claimed, landed) in results {
+        for (id, form, claimed, landed) in results {
             if !landed {
                 self.write_retries.failed(&id);
                 self.dirty.insert(id);
@@ -622,7 +623,7 @@ impl Observer {
             if !claimed {
                 self.written.remove(&id);
             } else {
-                self.written.insert(id, written_form(&entries));
+                self.written.insert(id, form);
             }
         }
     }
@@ -633,10 +634,7 @@ impl Observer {
     /// `None` when that is not known. An object the listed view lacks has
     /// none: it is new (its first event not in yet), or not there.
     fn held(&self, id: &str) -> Option<Vec<RelayNodeStatus>> {
-        let obj = self
-            .seen
-            .as_ref()?
-            .get(&crate::k8s::relay_volume::view_key(&object_name(id)));
+        let obj = self.seen.as_ref()?.get(&view_key(&object_name(id)));
         if obj.is_none() && !self.seen_listed {
             return None;
         }

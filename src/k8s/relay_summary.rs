@@ -11,8 +11,9 @@ use kube::runtime::reflector;
 use kube::runtime::{watcher, WatchStreamExt};
 
 use crate::k8s::naming;
-use crate::k8s::relay_volume::{object_name, summary, RelayVolume, RelayVolumeObserver};
-use crate::k8s::relay_volume::{Seen, View};
+use crate::k8s::relay_volume::{
+    new_view, object_name, seen_event, summary, RelayVolume, RelayVolumeObserver, Seen, View,
+};
 
 /// Starts watching RelayVolumes through `watch_client`; returns the view
 /// the controller's writer reads entries from, and what starts the
@@ -20,14 +21,14 @@ use crate::k8s::relay_volume::{Seen, View};
 pub fn watch(
     watch_client: kube::Client,
 ) -> (View, impl FnOnce(crate::store::Store, RelayVolumeObserver)) {
-    let (reader, writer) = crate::k8s::relay_volume::new_view();
+    let (reader, writer) = new_view();
     let config =
         watcher::Config::default().labels(&format!("{}={}", naming::MANAGED_BY, naming::MANAGER));
     let stream = reflector::reflector(
         writer,
         watcher(Api::<RelayVolume>::all(watch_client), config)
             .default_backoff()
-            .map_ok(crate::k8s::relay_volume::seen_event),
+            .map_ok(seen_event),
     );
     let start = move |store: crate::store::Store, relay: RelayVolumeObserver| {
         tokio::spawn(async move {
