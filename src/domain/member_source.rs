@@ -217,6 +217,26 @@ impl MemberSource {
         pv: &PersistentVolume,
         member_node: Option<&str>,
     ) -> CsiResult<Self> {
+        Self::described(member, pv, member_node, true)
+    }
+
+    /// A PV of storage its class declares shared (`sharedWith`): a
+    /// hostPath or local directory is on a filesystem every node of the
+    /// member mounts, so it is not pinned to the node its affinity names.
+    pub fn from_shared_pv(
+        member: &str,
+        pv: &PersistentVolume,
+        member_node: Option<&str>,
+    ) -> CsiResult<Self> {
+        Self::described(member, pv, member_node, false)
+    }
+
+    fn described(
+        member: &str,
+        pv: &PersistentVolume,
+        member_node: Option<&str>,
+        on_one_node: bool,
+    ) -> CsiResult<Self> {
         let name = pv.metadata.name.clone().unwrap_or_default();
         let spec = pv
             .spec
@@ -258,7 +278,7 @@ impl MemberSource {
                 "has a source csi-relay cannot relay (supported: nfs, hostPath, local, csi)",
             ));
         };
-        if matches!(kind, SourceKind::HostPath { .. } | SourceKind::Local { .. }) {
+        if on_one_node && matches!(kind, SourceKind::HostPath { .. } | SourceKind::Local { .. }) {
             pinned_to(spec, &name, member, member_node)?;
         }
         Ok(MemberSource {

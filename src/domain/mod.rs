@@ -13,6 +13,7 @@ pub mod page_token;
 pub mod params;
 pub mod quantity;
 pub mod settings;
+pub mod sharing;
 pub mod state;
 pub mod topology;
 pub mod validate;

@@ -61,6 +61,17 @@ pub struct VolumeParams {
     /// FAILED_PRECONDITION naming it.
     #[serde(rename = "createMemberNamespace")]
     pub create_member_namespace: Option<Flag>,
+    /// Member backend, global storage: the members that reach the same
+    /// storage, comma-separated (the one that makes the volume among them).
+    /// The volume is provisioned once and imported into another of them
+    /// where a pod of it runs (`domain::sharing`).
+    #[serde(rename = "sharedWith")]
+    pub shared_with: Option<String>,
+    /// Member backend, with sharedWith: `member=/path` pairs, comma-separated,
+    /// where each member's nodes mount the shared filesystem that hostPath
+    /// and local member PVs live on. Default: the same path in every member.
+    #[serde(rename = "sharedPaths")]
+    pub shared_paths: Option<String>,
 }
 
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +116,12 @@ impl VolumeParams {
         }
         if self.create_member_namespace.is_some() {
             keys.push("createMemberNamespace");
+        }
+        if self.shared_with.is_some() {
+            keys.push("sharedWith");
+        }
+        if self.shared_paths.is_some() {
+            keys.push("sharedPaths");
         }
         keys
     }

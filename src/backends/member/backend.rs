@@ -9,7 +9,7 @@ use kube::api::Api;
 
 use crate::backends::member::pvc::{self, ClaimPlan, DataSource};
 use crate::backends::member::{
-    attach, capacity, claim_bound, claim_create, group_snapshot, namespace, snapshot,
+    attach, capacity, claim_bound, claim_create, group_snapshot, import, namespace, snapshot,
 };
 use crate::backends::{
     Backend, CapacityReport, DataKind, GroupCut, Health, NodeSource, OwnAttachment, Placement,
@@ -22,6 +22,7 @@ use crate::domain::member_source::{self as source, MemberSource, SourceKind};
 use crate::domain::params::{
     self, BackingChoice, Flag, GroupSnapshotParams, SnapshotParams, VolumeParams,
 };
+use crate::domain::sharing::Sharing;
 use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_MEMBER_NODE_KEY};
 use crate::domain::volume::{Backing, GroupSnapshot, Snapshot, Volume};
 use crate::k8s::cluster::Cluster;
@@ -49,6 +50,22 @@ pub struct MemberBackend {
 fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
     let map: HashMap<String, String> = vol.parameters.clone().into_iter().collect();
     params::decode(&map, "parameters")
+}
+
+fn sharing_of(params: &VolumeParams) -> CsiResult<Option<Sharing>> {
+    Sharing::of(params).map_err(|why| CsiError::invalid("parameters", why))
+}
+
+/// Whether the node's attachment of `vol` may write: then the volume is
+/// used in one member at a time unless its mode lets many nodes write.
+fn writes_alone(vol: &Volume, node_id: &str) -> bool {
+    vol.node(node_id)
+        .and_then(|n| n.attachment.as_ref())
+        .is_some_and(|a| {
+            !a.readonly
+                && !a.capability.mode.read_only()
+                && a.capability.mode != crate::domain::capability::AccessMode::MultiNodeMultiWriter
+        })
 }
 
 impl MemberBackend {
@@ -345,7 +362,10 @@ impl MemberBackend {
             .iter()
             .filter_map(|s| s.get(TOPOLOGY_MEMBER_KEY))
             .collect();
-        let configured = named.iter().find(|m| self.members.contains_key(m.as_str()));
+        let sharing = sharing_of(params)?;
+        let configured = named.iter().find(|m| {
+            self.members.contains_key(m.as_str()) && sharing.as_ref().is_none_or(|s| s.includes(m))
+        });
         let member = match (&params.member, configured, self.only_member()) {
             (Some(m), _, _) => m.clone(),
             (None, Some(m), _) => (*m).clone(),
@@ -423,6 +443,50 @@ impl MemberBackend {
     }
 }
 
+impl MemberBackend {
+    /// Detaches what the relay attached for `node_id` in `at.member`.
+    async fn detach_in(
+        &self,
+        vol: &Volume,
+        node_id: &str,
+        at: &MemberVolume,
+        context: Option<&BTreeMap<String, String>>,
+    ) -> CsiResult<()> {
+        let at = at.clone();
+        if self.is_lost(&at.member) {
+            // Nothing of a lost member can be detached: the host node is
+            // released, whatever the member still holds.
+            tracing::warn!(volume_id = %vol.id, node_id, member = %at.member, "attachment released: its member cluster is declared lost");
+            return Ok(());
+        }
+        let cluster = self.cluster(&at.member)?;
+        let name = match context {
+            None => return Ok(()),
+            Some(c) if !c.is_empty() => match c.get(source::MEMBER_ATTACHMENT) {
+                Some(name) => name.clone(),
+                None => return Ok(()), // nothing was attached in the member
+            },
+            // What was attached is not known: an attach that was refused,
+            // failed or cut short, or a record rebuilt from its RelayVolume.
+            Some(_) => match self.attachment_for(cluster, &at, node_id).await? {
+                Some(name) => name,
+                None => return Ok(()),
+            },
+        };
+        if let Some(holder) = self.other_holder(cluster, vol, &at, node_id, &name).await? {
+            tracing::info!(volume_id = %vol.id, node_id, attachment = %name, holder = %holder, "member attachment kept: another host node mapped to the same member node still holds it");
+            return Ok(());
+        }
+        if let Some(other) = attach::shared_with(cluster, &name).await? {
+            // The host node is done with the volume; a member pod is not.
+            // Ours stays (labelled as the relay's) until that one is gone.
+            tracing::info!(volume_id = %vol.id, attachment = %name, other = %other, "member attachment kept: another attachment of the same volume and node is in use");
+            return Ok(());
+        }
+        attach::ensure_detached(cluster, &name, self.wait).await
+    }
+}
+
 #[async_trait::async_trait]
 impl Backend for MemberBackend {
     fn kind(&self) -> &'static str {
@@ -474,6 +538,23 @@ impl Backend for MemberBackend {
             naming::check_allowed_namespaces(list)
                 .map_err(|why| CsiError::invalid("parameters", why))?;
         }
+        if let Some(sharing) = sharing_of(params)? {
+            if let Some(m) = sharing.members().find(|m| !self.members.contains_key(*m)) {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!(
+                        "sharedWith names member {m:?}, which is not a configured member cluster (--member); configured: {:?}",
+                        self.names()
+                    ),
+                ));
+            }
+            if let Some(m) = params.member.as_ref().filter(|m| !sharing.includes(m)) {
+                return Err(CsiError::invalid(
+                    "parameters",
+                    format!("member {m:?} is not one of the members sharedWith lists"),
+                ));
+            }
+        }
         if let Some(sc) = &params.member_storage_class {
             if !naming::is_dns_subdomain(sc) {
                 return Err(CsiError::invalid(
@@ -512,9 +593,23 @@ impl Backend for MemberBackend {
             (source::MEMBER_NAMESPACE.to_string(), namespace.clone()),
             (source::MEMBER_PVC.to_string(), pvc.clone()),
         ]);
+        // Shared storage is reachable from every sharing member: the host
+        // scheduler may place the volume's pods on any of them.
+        let mut reach = vec![member.clone()];
+        if let Some(sharing) = sharing_of(params)? {
+            reach.extend(
+                sharing
+                    .members()
+                    .filter(|m| *m != member && !self.is_lost(m))
+                    .map(str::to_string),
+            );
+        }
         Ok(Placement {
             id: naming::volume_id(&member, &uuid),
-            topology: vec![[(TOPOLOGY_MEMBER_KEY.to_string(), member.clone())].into()],
+            topology: reach
+                .into_iter()
+                .map(|m| [(TOPOLOGY_MEMBER_KEY.to_string(), m)].into())
+                .collect(),
             backing: Backing::Member {
                 member,
                 namespace,
@@ -528,7 +623,12 @@ impl Backend for MemberBackend {
     fn serves_topology(&self, params: &VolumeParams, segments: &HashMap<String, String>) -> bool {
         match segments.get(TOPOLOGY_MEMBER_KEY) {
             Some(m) => {
-                self.members.contains_key(m) && params.member.as_ref().is_none_or(|p| p == m)
+                let shared = sharing_of(params).ok().flatten();
+                self.members.contains_key(m)
+                    && match &shared {
+                        Some(s) => s.includes(m),
+                        None => params.member.as_ref().is_none_or(|p| p == m),
+                    }
             }
             None => true,
         }
@@ -612,6 +712,16 @@ impl Backend for MemberBackend {
 
     async fn delete_volume(&self, vol: &Volume) -> CsiResult<()> {
         let at = MemberVolume::of(vol)?;
+        // Every import goes before the data does (its removal never
+        // deletes data); the data goes once, in the member that made it.
+        if let Some(sharing) = sharing_of(&decode_volume_params(vol)?)? {
+            for member in sharing
+                .members()
+                .filter(|m| *m != at.member && !self.is_lost(m))
+            {
+                import::remove(self.cluster(member)?, &at, &vol.id).await?;
+            }
+        }
         if let Some(left) = self.left_behind(vol) {
             tracing::warn!(volume_id = %vol.id, name = %vol.name, left_behind = %left, "volume released without its member");
             return Ok(());
@@ -913,7 +1023,12 @@ impl Backend for MemberBackend {
     }
 
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>> {
-        let at = MemberVolume::of(vol)?;
+        let origin = MemberVolume::of(vol)?;
+        let sharing = sharing_of(&decode_volume_params(vol)?)?;
+        let at = match &sharing {
+            Some(sharing) => self.shared_place(vol, &origin, sharing, node_id).await?,
+            None => origin,
+        };
         let cluster = self.cluster(&at.member)?;
         let label = cluster.label();
         let path = at.pvc_path();
@@ -942,7 +1057,13 @@ impl Backend for MemberBackend {
             // Nothing to attach here, and nothing for a node plugin to
             // mount on the host; the member-side watch reports the rest.
             tracing::info!(volume_id = %vol.id, node_id, claim = %path, "virtual node: NODE_READY without a relay attachment");
-            return Ok(BTreeMap::new());
+            return Ok(if sharing.is_some() {
+                // Which member the node uses the volume in: detach and
+                // the single-writer check read it from the record.
+                [(source::MEMBER.to_string(), at.member.clone())].into()
+            } else {
+                BTreeMap::new()
+            });
         }
         let pv_name = match (pvc::phase(&claim), pvc::bound_pv(&claim)) {
             ("Bound", Some(pv)) => pv.to_string(),
@@ -960,7 +1081,10 @@ impl Backend for MemberBackend {
                 "{label}: PersistentVolume {pv_name} bound to {path} is not visible yet; retry"
             ))
         })?;
-        let mut described = MemberSource::from_pv(&at.member, &pv, place.member_node.as_deref())?;
+        let mut described = match sharing {
+            Some(_) => MemberSource::from_shared_pv(&at.member, &pv, place.member_node.as_deref())?,
+            None => MemberSource::from_pv(&at.member, &pv, place.member_node.as_deref())?,
+        };
         described.to_context()?; // fits, before anything is created for it
         if let SourceKind::Csi {
             driver,
@@ -1200,38 +1324,24 @@ impl Backend for MemberBackend {
             .node(node_id)
             .and_then(|n| n.attachment.as_ref())
             .map(|a| &a.publish_context);
-        let at = MemberVolume::of(vol)?;
-        if self.is_lost(&at.member) {
-            // Nothing of a lost member can be detached: the host node is
-            // released, whatever the member still holds.
-            tracing::warn!(volume_id = %vol.id, node_id, member = %at.member, "attachment released: its member cluster is declared lost");
-            return Ok(());
-        }
-        let cluster = self.cluster(&at.member)?;
-        let name = match context {
-            None => return Ok(()),
-            Some(c) if !c.is_empty() => match c.get(source::MEMBER_ATTACHMENT) {
-                Some(name) => name.clone(),
-                None => return Ok(()), // nothing was attached in the member
-            },
-            // What was attached is not known: an attach that was refused,
-            // failed or cut short, or a record rebuilt from its RelayVolume.
-            Some(_) => match self.attachment_for(cluster, &at, node_id).await? {
-                Some(name) => name,
-                None => return Ok(()),
-            },
+        let origin = MemberVolume::of(vol)?;
+        let at = match sharing_of(&decode_volume_params(vol)?)? {
+            Some(sharing) => {
+                let member = self.used_in(vol, node_id, &origin.member).await?;
+                if member == origin.member || !sharing.includes(&member) {
+                    origin
+                } else {
+                    let at = MemberVolume {
+                        member,
+                        ..origin.clone()
+                    };
+                    self.detach_in(vol, node_id, &at, context).await?;
+                    return self.release_import(vol, node_id, &origin, &at.member).await;
+                }
+            }
+            None => origin,
         };
-        if let Some(holder) = self.other_holder(cluster, vol, &at, node_id, &name).await? {
-            tracing::info!(volume_id = %vol.id, node_id, attachment = %name, holder = %holder, "member attachment kept: another host node mapped to the same member node still holds it");
-            return Ok(());
-        }
-        if let Some(other) = attach::shared_with(cluster, &name).await? {
-            // The host node is done with the volume; a member pod is not.
-            // Ours stays (labelled as the relay's) until that one is gone.
-            tracing::info!(volume_id = %vol.id, attachment = %name, other = %other, "member attachment kept: another attachment of the same volume and node is in use");
-            return Ok(());
-        }
-        attach::ensure_detached(cluster, &name, self.wait).await
+        self.detach_in(vol, node_id, &at, context).await
     }
 
     async fn health(&self, vol: &Volume) -> Health {
@@ -1312,3 +1422,6 @@ impl Backend for MemberBackend {
 #[cfg(test)]
 #[path = "backend_tests.rs"]
 mod tests;
+
+#[path = "backend_imports.rs"]
+mod imports;

@@ -22,6 +22,7 @@ pub mod claim_bound;
 pub mod claim_copy;
 pub mod claim_create;
 pub mod group_snapshot;
+pub mod import;
 pub mod namespace;
 pub mod pvc;
 pub mod snapshot;

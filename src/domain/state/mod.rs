@@ -112,9 +112,25 @@ pub fn controller_publish(
                 .filter_map(|n| n.attachment.as_ref())
                 .any(|a| a.capability.mode.single_node());
         if single_node {
+            // Where a node uses a member volume (its attachment's member),
+            // so the message says which cluster holds it.
+            let held: Vec<String> = others
+                .iter()
+                .map(|n| {
+                    match vol
+                        .node(n)
+                        .and_then(|r| r.attachment.as_ref())
+                        .and_then(|a| a.publish_context.get(crate::domain::member_source::MEMBER))
+                    {
+                        Some(m) => format!("{n:?} (member cluster {m})"),
+                        None => format!("{n:?}"),
+                    }
+                })
+                .collect();
             return Err(CsiError::FailedPrecondition(format!(
-                "volume {:?} has a single-node access mode and is already published to node(s) {:?}",
-                vol.id, others
+                "volume {:?} has a single-node access mode and is already published to node(s) {}; it can be published to node {node_id:?} once unpublished there",
+                vol.id,
+                held.join(", ")
             )));
         }
         if cap.mode == AccessMode::MultiNodeSingleWriter && !readonly {

@@ -1,0 +1,406 @@
+//! Global storage against scripted API servers (host, members east and
+//! west): the topology a shared volume gets, the import made before
+//! ControllerPublishVolume answers, the single-writer refusal across
+//! members, and the import's removal.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{json, Value};
+use tonic::Code;
+
+use super::super::*;
+use crate::domain::capability::{AccessMode, AccessType, Capability};
+use crate::domain::volume::{Attachment, Lifecycle, NodeRecord, Progress};
+use crate::grpc::status::CsiCode;
+use crate::k8s::testing::{self, MockApi};
+
+const PVCS: &str = "/api/v1/namespaces/relay/persistentvolumeclaims";
+const PODS: &str = "/api/v1/namespaces/relay/pods";
+
+struct Clusters {
+    b: MemberBackend,
+    east: MockApi,
+    west: MockApi,
+    host: MockApi,
+}
+
+fn clusters() -> Clusters {
+    let (e, east) = testing::member("east");
+    let (w, west) = testing::member("west");
+    let (h, host) = testing::host();
+    Clusters {
+        b: MemberBackend::new(vec![e, w], Some(h), "relay.csi.dev"),
+        east,
+        west,
+        host,
+    }
+}
+
+fn shared_params(mode_paths: bool) -> BTreeMap<String, String> {
+    let mut p: BTreeMap<String, String> = [
+        ("memberNamespace", "relay"),
+        ("sharedWith", "east,west"),
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    if mode_paths {
+        p.insert("sharedPaths".into(), "east=/mnt/east,west=/mnt/west".into());
+    }
+    p
+}
+
+fn cap(mode: AccessMode) -> Capability {
+    Capability {
+        mode,
+        access: AccessType::Mount {
+            fs_type: String::new(),
+            mount_flags: vec![],
+            volume_mount_group: String::new(),
+        },
+    }
+}
+
+fn shared_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
+    let parameters = shared_params(true);
+    let map: HashMap<String, String> = parameters.clone().into_iter().collect();
+    let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
+    let req = csi::TopologyRequirement {
+        requisite: vec![],
+        preferred: vec![csi::Topology {
+            segments: [(TOPOLOGY_MEMBER_KEY.to_string(), "east".to_string())].into(),
+        }],
+    };
+    let placed = b
+        .place("pvc-77", &typed, &[cap(mode)], Some(&req), None)
+        .unwrap();
+    Volume {
+        id: placed.id,
+        name: "pvc-77".into(),
+        capacity_bytes: 1 << 30,
+        backing: placed.backing,
+        capabilities: vec![cap(mode)],
+        parameters,
+        mutable_parameters: BTreeMap::new(),
+        source: None,
+        topology: placed.topology,
+        context: placed.context,
+        created_unix: 0,
+        lifecycle: Lifecycle::Ready,
+        ephemeral: false,
+        nodes: BTreeMap::new(),
+    }
+}
+
+fn on_node(vol: &mut Volume, node: &str, context: BTreeMap<String, String>, progress: Progress) {
+    vol.nodes.insert(
+        node.into(),
+        NodeRecord {
+            attachment: Some(Attachment {
+                readonly: false,
+                capability: vol.capabilities[0].clone(),
+                publish_context: context,
+                progress,
+            }),
+            ..Default::default()
+        },
+    );
+}
+
+fn claim_of(vol: &Volume, phase: &str, pv: Option<&str>) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "relay", "uid": "c-1",
+                     "annotations": {naming::VOLUME_ID_ANNOTATION: vol.id}},
+        "spec": {"volumeName": pv},
+        "status": {"phase": phase}
+    })
+}
+
+fn origin_pv() -> Value {
+    json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pvc-e1"},
+           "spec": {"hostPath": {"path": "/mnt/east/vols/pvc-e1_relay_data", "type": "DirectoryOrCreate"},
+                    "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["east-1"]}]}]}}}})
+}
+
+fn host_node(name: &str, member: &str, member_node: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {
+        TOPOLOGY_MEMBER_KEY: member, TOPOLOGY_MEMBER_NODE_KEY: member_node}}})
+}
+
+fn pods(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": items})
+}
+
+fn pod_using(name: &str, node: &str) -> Value {
+    json!({"metadata": {"name": name, "namespace": "relay"},
+           "spec": {"nodeName": node, "containers": [],
+                    "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]},
+           "status": {"phase": "Running"}})
+}
+
+#[tokio::test]
+async fn a_shared_volume_is_reachable_from_every_sharing_member() {
+    let c = clusters();
+    let vol = shared_volume(&c.b, AccessMode::SingleNodeWriter);
+    assert!(vol.id.starts_with("m-east-"), "{}", vol.id);
+    let members: Vec<&str> = vol
+        .topology
+        .iter()
+        .map(|t| t[TOPOLOGY_MEMBER_KEY].as_str())
+        .collect();
+    assert_eq!(members, ["east", "west"], "the origin first");
+    let typed: VolumeParams =
+        params::decode(&shared_params(false).into_iter().collect(), "parameters").unwrap();
+    let west = [(TOPOLOGY_MEMBER_KEY.to_string(), "west".to_string())].into();
+    assert!(c.b.serves_topology(&typed, &west));
+    let mut bad = typed.clone();
+    bad.shared_with = Some("east,north".into());
+    let err = c.b.check_parameters(&bad).unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.to_string().contains("\"north\""), "{err}");
+    let mut outside = typed;
+    outside.member = Some("north".into());
+    outside.shared_with = Some("east,west".into());
+    assert_eq!(
+        c.b.check_parameters(&outside).unwrap_err().code(),
+        Code::InvalidArgument
+    );
+}
+
+/// A host node of west uses a volume east made: the import (PV with the
+/// same directory under west's mount, Retain, pre-bound; its claim named
+/// as the origin's) exists and is Bound before the call answers, and the
+/// node is sent west's path.
+#[tokio::test(start_paused = true)]
+async fn publish_in_another_member_imports_the_volume_first() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let mut vol = shared_volume(&b, AccessMode::SingleNodeWriter);
+    on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
+    let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
+    let (result, (), (), ()) = tokio::join!(
+        b.attach(&vol, "host-w"),
+        async {
+            for _ in 0..2 {
+                host.expect("GET", "/api/v1/nodes/host-w")
+                    .await
+                    .ok(host_node("host-w", "west", "west-1"));
+            }
+        },
+        async {
+            // Single writer: nobody in east uses it.
+            east.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            east.expect_page(PODS).await.ok(pods(vec![]));
+            east.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            east.expect("GET", "/api/v1/persistentvolumes/pvc-e1")
+                .await
+                .ok(origin_pv());
+            east.expect_idle().await;
+        },
+        async {
+            let made = west.expect("POST", "/api/v1/persistentvolumes").await;
+            let spec = &made.body["spec"];
+            assert_eq!(
+                spec["hostPath"],
+                json!({"path": "/mnt/west/vols/pvc-e1_relay_data", "type": "Directory"})
+            );
+            assert_eq!(spec["persistentVolumeReclaimPolicy"], "Retain");
+            assert_eq!(spec["storageClassName"], "");
+            assert_eq!(spec["claimRef"]["name"], "data");
+            assert_eq!(spec["claimRef"]["namespace"], "relay");
+            assert!(spec.get("nodeAffinity").is_none(), "{spec}");
+            assert_eq!(
+                made.body["metadata"]["labels"][import::IMPORTED_FROM_LABEL],
+                "east"
+            );
+            let pv = made.body.clone();
+            made.created();
+            let claim = west.expect("POST", PVCS).await;
+            assert_eq!(claim.body["spec"]["volumeName"], pv_name);
+            assert_eq!(claim.body["spec"]["storageClassName"], "");
+            assert_eq!(
+                claim.body["metadata"]["annotations"][naming::VOLUME_ID_ANNOTATION],
+                vol.id
+            );
+            assert_eq!(
+                claim.body["metadata"]["labels"][import::IMPORTED_FROM_LABEL],
+                "east"
+            );
+            claim.created();
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
+            // Then the publish as for any member volume, in west.
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
+            let mut bound = pv;
+            bound["metadata"]["name"] = json!(pv_name);
+            west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+                .await
+                .ok(bound);
+            west.expect_idle().await;
+        }
+    );
+    let ctx = result.unwrap();
+    assert_eq!(ctx[source::MEMBER], "west");
+    assert_eq!(ctx[source::HOST_PATH], "/mnt/west/vols/pvc-e1_relay_data");
+    assert_eq!(ctx[source::MEMBER_NODE], "west-1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_single_writer_is_refused_while_another_member_uses_the_volume() {
+    let Clusters {
+        b,
+        mut east,
+        west: _west,
+        mut host,
+    } = clusters();
+    let mut vol = shared_volume(&b, AccessMode::SingleNodeWriter);
+    on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
+    let (result, (), ()) = tokio::join!(
+        b.attach(&vol, "host-w"),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-w")
+                .await
+                .ok(host_node("host-w", "west", "west-1"));
+        },
+        async {
+            east.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            // A pod no node took yet mounts nothing; the other does.
+            let mut waiting = pod_using("waits", "x");
+            waiting["spec"]["nodeName"] = Value::Null;
+            east.expect_page(PODS)
+                .await
+                .ok(pods(vec![waiting, pod_using("app-0", "east-1")]));
+            east.expect_idle().await;
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("member cluster east by pod relay/app-0 on node east-1"),
+        "{msg}"
+    );
+    assert!(!msg.contains("waits"), "{msg}");
+
+    // Many writers: nobody is asked.
+    let mut rwx = shared_volume(&b, AccessMode::MultiNodeMultiWriter);
+    on_node(&mut rwx, "host-e", BTreeMap::new(), Progress::Applying);
+    assert!(!writes_alone(&rwx, "host-e"));
+    assert!(writes_alone(&vol, "host-w"));
+}
+
+/// The last node of west lets go: the import's claim, then its PV go
+/// (conditional on their uids); a pod of west still using it keeps it.
+#[tokio::test(start_paused = true)]
+async fn unpublish_removes_the_import_once_no_pod_uses_it() {
+    let Clusters {
+        b,
+        east: _east,
+        mut west,
+        host: _host,
+    } = clusters();
+    let mut vol = shared_volume(&b, AccessMode::SingleNodeWriter);
+    let ctx: BTreeMap<String, String> = [(source::MEMBER.to_string(), "west".to_string())].into();
+    on_node(&mut vol, "host-w", ctx, Progress::Done);
+    let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
+    let import_pv = json!({"apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "uid": "p-1", "labels": {
+            naming::VOLUME_UUID_LABEL: MemberVolume::of(&vol).unwrap().uuid,
+            import::IMPORTED_FROM_LABEL: "east"}}});
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-w"), async {
+        west.expect_page(PODS)
+            .await
+            .ok(pods(vec![pod_using("app-0", "west-1")]));
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    assert!(
+        err.to_string().contains("pod relay/app-0 on node west-1"),
+        "{err}"
+    );
+
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-w"), async {
+        west.expect_page(PODS).await.ok(pods(vec![]));
+        let mut imported = claim_of(&vol, "Bound", Some(&pv_name));
+        imported["metadata"]["labels"] = json!({import::IMPORTED_FROM_LABEL: "east"});
+        west.expect("GET", &format!("{PVCS}/data"))
+            .await
+            .ok(imported.clone());
+        let del = west.expect("DELETE", &format!("{PVCS}/data")).await;
+        assert_eq!(del.body["preconditions"]["uid"], "c-1");
+        del.ok(imported);
+        west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+            .await
+            .ok(import_pv.clone());
+        let del = west
+            .expect("DELETE", &format!("/api/v1/persistentvolumes/{pv_name}"))
+            .await;
+        assert_eq!(del.body["preconditions"]["uid"], "p-1");
+        del.ok(import_pv.clone());
+        west.expect_idle().await;
+    });
+    result.unwrap();
+
+    // Another node still uses it in west: kept, nothing asked.
+    let ctx: BTreeMap<String, String> = [(source::MEMBER.to_string(), "west".to_string())].into();
+    on_node(&mut vol, "host-w2", ctx, Progress::Done);
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-w"), west.expect_idle());
+    result.unwrap();
+}
+
+/// DeleteVolume: imports first (a claim of another owner under the name
+/// is left alone), then the origin's claim.
+#[tokio::test(start_paused = true)]
+async fn delete_removes_imports_before_the_data() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        host: _host,
+    } = clusters();
+    let vol = shared_volume(&b, AccessMode::MultiNodeMultiWriter);
+    let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
+    let (result, (), ()) = tokio::join!(
+        b.delete_volume(&vol),
+        async {
+            west.expect_page(PODS).await.ok(pods(vec![]));
+            let mut foreign = claim_of(&vol, "Bound", Some("theirs"));
+            foreign["metadata"]["annotations"] = json!({});
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(foreign);
+            west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+                .await
+                .not_found();
+            west.expect_idle().await;
+        },
+        async {
+            let get = east.expect("GET", &format!("{PVCS}/data")).await;
+            get.ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            east.expect("DELETE", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            east.expect_idle().await;
+        }
+    );
+    result.unwrap();
+}

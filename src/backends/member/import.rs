@@ -1,0 +1,372 @@
+//! An import: a volume of shared storage (`domain::sharing`) made visible
+//! in a member other than the one that provisioned it, where a pod of it
+//! runs. A PV naming the same data as the origin's PV (reclaim Retain, so
+//! removing the import never deletes data) pre-bound to a claim named as
+//! the origin's member claim, which is what a mirrored pod's claim name
+//! finds. Both carry the relay's marks; the relay removes only what
+//! carries them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PersistentVolumeSpec, Pod, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+
+use crate::backends::member::claim_create;
+use crate::backends::member::pvc::{self, claims};
+use crate::domain::error::{CsiError, CsiResult};
+use crate::domain::sharing::Sharing;
+use crate::domain::volume::Volume;
+use crate::k8s::cluster::Cluster;
+use crate::k8s::converge::{self, Waited};
+use crate::k8s::naming::{self, MemberVolume};
+
+/// Label on an import's PV and claim: the member that made the volume.
+pub const IMPORTED_FROM_LABEL: &str = "relay.csi.dev/imported-from";
+
+/// The import PV's name, the same in every member that imports the volume.
+pub fn pv_name(uuid: &str) -> String {
+    format!("relay-{uuid}-import")
+}
+
+/// The import PV of `origin` (the origin member's bound PV) for member
+/// `to`. FAILED_PRECONDITION when the origin's source cannot be named from
+/// another member: a directory outside the shared mount, a raw block
+/// `local` device, a source type the relay does not relay.
+pub fn pv_manifest(
+    vol: &Volume,
+    at: &MemberVolume,
+    origin: &PersistentVolume,
+    sharing: &Sharing,
+    to: &str,
+    driver_name: &str,
+) -> CsiResult<PersistentVolume> {
+    let from = at.member.as_str();
+    let origin_name = origin.metadata.name.as_deref().unwrap_or_default();
+    let refuse = |why: String| {
+        CsiError::FailedPrecondition(format!(
+            "volume {} cannot be imported into member cluster {to}: PersistentVolume {origin_name} in member cluster {from} {why}",
+            vol.id
+        ))
+    };
+    let spec = origin
+        .spec
+        .as_ref()
+        .ok_or_else(|| refuse("has no spec".into()))?;
+    let mut imported = PersistentVolumeSpec {
+        access_modes: spec.access_modes.clone(),
+        capacity: spec.capacity.clone(),
+        mount_options: spec.mount_options.clone(),
+        volume_mode: spec.volume_mode.clone(),
+        persistent_volume_reclaim_policy: Some("Retain".into()),
+        storage_class_name: Some(String::new()),
+        claim_ref: Some(ObjectReference {
+            namespace: Some(at.namespace.clone()),
+            name: Some(at.pvc.clone()),
+            kind: Some("PersistentVolumeClaim".into()),
+            api_version: Some("v1".into()),
+            ..Default::default()
+        }),
+        // No node affinity: the class says every node of the sharing
+        // members reaches the storage; the origin's affinity names nodes
+        // of another cluster.
+        ..Default::default()
+    };
+    let directory = |path: &str| -> CsiResult<HostPathVolumeSource> {
+        let path = sharing.translate(path, from, to).map_err(refuse)?;
+        // `Directory`, never `DirectoryOrCreate`: on a node where the
+        // shared filesystem is not mounted the directory is missing, and
+        // the pod must fail there rather than start on an empty one.
+        Ok(HostPathVolumeSource {
+            path,
+            type_: Some("Directory".into()),
+        })
+    };
+    if let Some(csi) = &spec.csi {
+        imported.csi = Some(csi.clone());
+    } else if let Some(nfs) = &spec.nfs {
+        imported.nfs = Some(nfs.clone());
+    } else if let Some(hp) = &spec.host_path {
+        imported.host_path = Some(directory(&hp.path)?);
+    } else if let Some(local) = &spec.local {
+        if spec.volume_mode.as_deref() == Some("Block") {
+            return Err(refuse(
+                "is a raw block device on one node (local, volumeMode Block), which no other member reaches".into(),
+            ));
+        }
+        imported.host_path = Some(directory(&local.path)?);
+    } else {
+        return Err(refuse(
+            "has a source csi-relay cannot import (supported: csi, nfs, hostPath, local)".into(),
+        ));
+    }
+    let mut labels = naming::labels(&at.uuid);
+    labels.insert(IMPORTED_FROM_LABEL.into(), from.to_string());
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(pv_name(&at.uuid)),
+            labels: Some(labels),
+            annotations: Some(
+                [
+                    (naming::VOLUME_ID_ANNOTATION.to_string(), vol.id.clone()),
+                    (
+                        naming::DRIVER_ANNOTATION.to_string(),
+                        driver_name.to_string(),
+                    ),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(imported),
+        status: None,
+    })
+}
+
+/// The import's claim: the origin claim's name and namespace, bound to the
+/// import PV by name (class "": no provisioner of the member touches it).
+pub fn claim_manifest(
+    at: &MemberVolume,
+    pv: &PersistentVolume,
+    host_metadata: (BTreeMap<String, String>, BTreeMap<String, String>),
+) -> PersistentVolumeClaim {
+    let (mut labels, annotations) = host_metadata;
+    labels.insert(IMPORTED_FROM_LABEL.into(), at.member.clone());
+    let spec = pv.spec.clone().unwrap_or_default();
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(at.pvc.clone()),
+            namespace: Some(at.namespace.clone()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: spec.access_modes,
+            storage_class_name: Some(String::new()),
+            volume_mode: spec.volume_mode,
+            volume_name: pv.metadata.name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: spec.capacity.map(|c| {
+                    c.into_iter()
+                        .filter(|(k, _)| k == "storage")
+                        .collect::<BTreeMap<_, _>>()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn is_ours(meta: &ObjectMeta, at: &MemberVolume) -> bool {
+    let labels = meta.labels.as_ref();
+    labels.and_then(|l| l.get(naming::VOLUME_UUID_LABEL)) == Some(&at.uuid)
+        && labels.and_then(|l| l.get(IMPORTED_FROM_LABEL)) == Some(&at.member)
+}
+
+/// Makes the import in `cluster` (idempotent) and waits up to `wait` for
+/// its claim to be Bound. A Kosmos copy of the host claim holding the
+/// claim's name is replaced, as at CreateVolume.
+pub async fn ensure(
+    cluster: &Cluster,
+    at: &MemberVolume,
+    pv: &PersistentVolume,
+    claim: &PersistentVolumeClaim,
+    volume_id: &str,
+    wait: Duration,
+) -> CsiResult<()> {
+    let label = cluster.label().to_string();
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let pvs = Api::<PersistentVolume>::all(cluster.client());
+    let made = cluster
+        .create(
+            &format!("create PersistentVolume {name}"),
+            pvs.create(&PostParams::default(), pv),
+        )
+        .await?;
+    let existing = match made {
+        Some(made) => made,
+        None => pvc::get_pv(cluster, &name).await?.ok_or_else(|| {
+            CsiError::Aborted(format!(
+                "{label}: PersistentVolume {name} vanished while it was made; retry"
+            ))
+        })?,
+    };
+    if !is_ours(&existing.metadata, at) {
+        return Err(CsiError::AlreadyExists(format!(
+            "{label}: PersistentVolume {name} exists and is not csi-relay's import of volume {volume_id}; the relay never adopts it: delete or rename it"
+        )));
+    }
+    if existing.metadata.deletion_timestamp.is_some() {
+        return Err(CsiError::Unavailable(format!(
+            "{label}: PersistentVolume {name} (an earlier import of volume {volume_id}) is being deleted; retry once it is gone"
+        )));
+    }
+    let made = claim_create::ensure(cluster, claim, volume_id).await?;
+    release_stale_binding(cluster, &existing, &made).await?;
+    let path = at.pvc_path();
+    let waited = converge::until(
+        cluster,
+        &claims(cluster, &at.namespace),
+        made,
+        wait,
+        |c| pvc::phase(c) == "Bound",
+        || {
+            CsiError::Aborted(format!(
+                "{label}: import claim {path} was deleted while binding; retry"
+            ))
+        },
+    )
+    .await?;
+    match waited {
+        Waited::Reached(_) => Ok(()),
+        Waited::TimedOut(current) => Err(CsiError::Unavailable(format!(
+            "{label}: import claim {path} is {}, not yet Bound to PersistentVolume {name}, after {} s; retry",
+            pvc::phase(&current),
+            wait.as_secs()
+        ))),
+    }
+}
+
+/// A PV kept from an import whose claim went (a crash between the two
+/// deletes) still names that claim's uid, and the member's PV controller
+/// will not bind it to the new one: the stale uid goes.
+async fn release_stale_binding(
+    cluster: &Cluster,
+    pv: &PersistentVolume,
+    claim: &PersistentVolumeClaim,
+) -> CsiResult<()> {
+    let bound_uid = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|r| r.uid.as_deref());
+    match (bound_uid, claim.metadata.uid.as_deref()) {
+        (Some(old), Some(new)) if old != new => {}
+        _ => return Ok(()),
+    }
+    let name = pv.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({
+        "metadata": {"uid": pv.metadata.uid},
+        "spec": {"claimRef": {"uid": null, "resourceVersion": null}},
+    });
+    cluster
+        .run(
+            &format!("release PersistentVolume {name} from an earlier import claim"),
+            Api::<PersistentVolume>::all(cluster.client()).patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ),
+        )
+        .await?;
+    Ok(())
+}
+
+/// The pods of `cluster` placed on a node that use the claim named as the
+/// volume's, as `pod ns/name on node N` (finished pods do not count).
+pub async fn users(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<String>> {
+    let pods = Api::<Pod>::namespaced(cluster.client(), &at.namespace);
+    let mut found = Vec::new();
+    cluster
+        .list_pages(
+            &format!("list Pods in {}", at.namespace),
+            &pods,
+            ListParams::default(),
+            |page: Vec<Pod>| {
+                for pod in &page {
+                    let status = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                    if matches!(status, Some("Succeeded") | Some("Failed")) {
+                        continue;
+                    }
+                    // A pod no node took mounts nothing (a mirrored pod
+                    // waiting for its claim).
+                    let Some(spec) = pod.spec.as_ref().filter(|s| s.node_name.is_some()) else {
+                        continue;
+                    };
+                    let uses = spec.volumes.iter().flatten().any(|v| {
+                        v.persistent_volume_claim
+                            .as_ref()
+                            .is_some_and(|c| c.claim_name == at.pvc)
+                    });
+                    if uses {
+                        found.push(format!(
+                            "pod {}/{} on node {}",
+                            at.namespace,
+                            pod.metadata.name.as_deref().unwrap_or_default(),
+                            spec.node_name.as_deref().unwrap_or_default()
+                        ));
+                    }
+                }
+                Ok::<_, CsiError>(())
+            },
+        )
+        .await?;
+    Ok(found)
+}
+
+/// Removes the import from `cluster`: its claim, then its PV (Retain: the
+/// data stays). UNAVAILABLE while a pod there still uses the claim, so a
+/// single-writer volume is never written from two members at once.
+pub async fn remove(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> CsiResult<()> {
+    let users = users(cluster, at).await?;
+    if !users.is_empty() {
+        return Err(CsiError::Unavailable(format!(
+            "{}: the import of volume {volume_id} is still used by {}; it is removed once no pod there uses it (retry)",
+            cluster.label(),
+            users.join(", ")
+        )));
+    }
+    if let Some(claim) = pvc::get(cluster, &at.namespace, &at.pvc).await? {
+        let marked = claim
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(IMPORTED_FROM_LABEL))
+            .is_some();
+        if pvc::belongs_to(&claim, volume_id) && marked {
+            pvc::delete_exactly(cluster, &claim).await?;
+        }
+    }
+    let name = pv_name(&at.uuid);
+    let Some(pv) = pvc::get_pv(cluster, &name).await? else {
+        return Ok(());
+    };
+    if !is_ours(&pv.metadata, at) {
+        tracing::warn!(member = %cluster.name(), pv = %name, volume_id, "PersistentVolume of the import's name is not the relay's; left alone");
+        return Ok(());
+    }
+    let params = DeleteParams {
+        preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    cluster
+        .remove(
+            &format!("delete PersistentVolume {name}"),
+            Api::<PersistentVolume>::all(cluster.client()).delete(&name, &params),
+        )
+        .await?;
+    tracing::info!(member = %cluster.name(), volume_id, pv = %name, "import removed (the data stays)");
+    Ok(())
+}
+
+/// Whether `cluster` holds any part of the import (claim or PV).
+pub async fn present(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> CsiResult<bool> {
+    if let Some(pv) = pvc::get_pv(cluster, &pv_name(&at.uuid)).await? {
+        if is_ours(&pv.metadata, at) {
+            return Ok(true);
+        }
+    }
+    Ok(pvc::get(cluster, &at.namespace, &at.pvc)
+        .await?
+        .is_some_and(|c| pvc::belongs_to(&c, volume_id)))
+}
