@@ -113,6 +113,7 @@ fn kit(path: &str) -> std::path::PathBuf {
 fn the_member_components_parse_and_the_policy_is_one_for_both_api_versions() {
     for dir in [
         "member/node-secrets",
+        "member/shared-storage",
         "member/admission",
         "member/admission-v1beta1",
     ] {

@@ -234,13 +234,17 @@ fn with_default_values_each_chart_renders_the_kustomize_base() {
         &["kustomize", repo("deploy").to_str().unwrap()],
     ));
     assert!(base.len() >= 15, "{} objects", base.len());
-    let member_cases: [(&[&str], &[&str]); 4] = [
+    let member_cases: [(&[&str], &[&str]); 5] = [
         (&[], &["admission"]),
         (&["--set", "admission=v1beta1"], &["admission-v1beta1"]),
         (&["--set", "admission=none"], &[]),
         (
             &["--set", "nodeSecrets.enabled=true"],
             &["admission", "node-secrets"],
+        ),
+        (
+            &["--set", "sharedStorage.enabled=true"],
+            &["admission", "shared-storage"],
         ),
     ];
     for helm in [&helm4, &helm3] {
