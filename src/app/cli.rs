@@ -151,6 +151,15 @@ pub struct ServeArgs {
     #[arg(long)]
     pub virtual_node_registrar: bool,
 
+    /// With --virtual-node-registrar: also mark each registered virtual node
+    /// volumes.kubernetes.io/controller-managed-attach-detach=true, so the
+    /// host attach/detach controller publishes its pods' volumes (global
+    /// storage on Kosmos nodes: the import and the single-writer rule come
+    /// with ControllerPublishVolume). Applies to every CSI driver's volumes
+    /// on those nodes.
+    #[arg(long)]
+    pub virtual_node_attach: bool,
+
     /// One controller at a time: hold a coordination.k8s.io Lease in the
     /// host cluster before doing any controller work (RPCs, housekeeping,
     /// registrar, member watches) or opening --endpoint; a replica writes to

@@ -403,6 +403,7 @@ async fn start_controller_background(
         let mut config = crate::k8s::registrar::RegistrarConfig::new(args.driver_name.clone());
         config.selector = args.virtual_node_selector.clone();
         config.member_label = args.virtual_node_member_label.clone();
+        config.attach_managed = args.virtual_node_attach;
         config.member_annotation =
             Some(args.virtual_node_member_annotation.clone()).filter(|key| !key.is_empty());
         // With one member cluster, every virtual node stands for it.

@@ -14,14 +14,15 @@ DIR=${1:?usage: glusterfs-down.sh DIR}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [[ -d $DIR ]] || exit 0
 DIR=$(cd "$DIR" && pwd)
-LAB=$DIR; source "$HERE/kubelet/kl-lib.sh"
+LAB=$DIR
+source "$HERE/kubelet/kl-lib.sh"
 rc=0
 VAR_DIRS=(/var/lib/glusterd /var/run/gluster /var/log/glusterfs)
 MOUNTS=()
 [[ -s $DIR/state/mounts ]] && mapfile -t MOUNTS < "$DIR/state/mounts"
 
 gone() { # gone PID : no such process, or a zombie (this machine's PID 1 reaps slowly, ~2 s)
-  local st; st=$(cat /proc/$1/stat 2>/dev/null) || return 0
+  local st; st=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
   st=${st##*) }; [[ ${st:0:1} == Z ]]
 }
 stop() { # stop GRACE NAME... : SIGTERM to every recorded process still running its binary, then wait; SIGKILL after GRACE s
@@ -42,7 +43,8 @@ stop() { # stop GRACE NAME... : SIGTERM to every recorded process still running 
 }
 
 # ---- 1. the clients, together (SIGTERM: a client unmounts and exits)
-mapfile -t clients < <(ls "$DIR"/pids/client-*.pid 2>/dev/null | xargs -r -n1 basename | sed 's/\.pid$//')
+clients=()
+for f in "$DIR"/pids/client-*.pid; do [[ -e $f ]] && clients+=("$(basename "$f" .pid)"); done
 ((${#clients[@]})) && stop 10 "${clients[@]}"
 gmounted() { [[ "$(findmnt -n -o FSTYPE --mountpoint "$1" 2>/dev/null | tail -1)" == fuse.glusterfs ]]; }
 for m in "${MOUNTS[@]}"; do
@@ -60,8 +62,8 @@ stop_pidfile() { # stop_pidfile FILE WHAT : SIGTERM the PID in FILE if it runs g
   local f=$1 p i
   [[ -s $f ]] || return 0
   p=$(cat "$f"); [[ $p =~ ^[0-9]+$ ]] || return 0
-  [[ "$(readlink -f /proc/$p/exe 2>/dev/null)" == */glusterfsd ]] || return 0
-  tr '\0' '\n' < /proc/$p/cmdline 2>/dev/null | grep -qxF "$f" || return 0
+  [[ "$(readlink -f /proc/"$p"/exe 2>/dev/null)" == */glusterfsd ]] || return 0
+  tr '\0' '\n' < /proc/"$p"/cmdline 2>/dev/null | grep -qxF "$f" || return 0
   kill -TERM "$p" 2>/dev/null
   for ((i = 0; i < 150; i++)); do gone "$p" && break; sleep 0.1; done
   gone "$p" || kill -KILL "$p"
@@ -71,7 +73,7 @@ stop 15 brick
 for f in "$DIR"/run/vols/*/*.pid; do [[ -e $f ]] && stop_pidfile "$f" "brick"; done
 stop 15 glusterd
 stop_pidfile "$DIR/run/glusterd.pid" glusterd
-for f in $(ls -t "$DIR"/pids/*.pid 2>/dev/null); do stop 10 "$(basename "$f" .pid)"; done
+for f in "$DIR"/pids/*.pid; do [[ -e $f ]] && stop 10 "$(basename "$f" .pid)"; done
 # Anything of gluster still running on DIR is reported, never killed by a guess.
 left=()
 for p in /proc/[0-9]*; do
@@ -96,7 +98,7 @@ fi
 
 # ---- 5. state (nothing while a mount remains)
 lm=$(kl_mounts_under "$DIR" "${MOUNTS[@]}")
-if [[ -n $lm ]]; then echo "mounts remain; NOT deleting state: $(echo $lm)" >&2; exit 1; fi
+if [[ -n $lm ]]; then echo "mounts remain; NOT deleting state: ${lm//$'\n'/ }" >&2; exit 1; fi
 for m in "${MOUNTS[@]}"; do rmdir -- "$m" 2>/dev/null || true; done
 rm -rf -- "$DIR"/{work,run,brick,pids,state,state.new} "$DIR/glusterd.vol"
 kl_log "glusterfs down ($DIR cleaned; logs kept in $DIR/logs)"

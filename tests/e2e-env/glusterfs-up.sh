@@ -43,7 +43,9 @@ for m in "$@"; do mkdir -p "$m"; MOUNTS+=("$(cd "$m" && pwd)"); done
 BASE_PORT=${GLUSTER_BASE_PORT:-19491} MAX_PORT=${GLUSTER_MAX_PORT:-19499}
 MGMT_PORT=24007
 read -r -a CLIENT_OPTS <<< "${GLUSTER_CLIENT_OPTS:---entry-timeout=0 --attribute-timeout=0 --negative-timeout=0}"
-LAB=$DIR; source "$HERE/kubelet/kl-lib.sh"
+# shellcheck disable=SC2034 # kl-lib.sh's processes live in $LAB/pids
+LAB=$DIR
+source "$HERE/kubelet/kl-lib.sh"
 VAR_DIRS=(/var/lib/glusterd /var/run/gluster /var/log/glusterfs)
 
 # ---- refuse if (partly) up
@@ -59,7 +61,7 @@ for p in $MGMT_PORT $(seq "$BASE_PORT" "$MAX_PORT"); do
   ss -Hltn "sport = :$p" | grep -q . && busy+=("tcp port $p in use")
 done
 for m in "$DIR" "${MOUNTS[@]}"; do
-  l=$(kl_mounts_under "$m"); [[ -n $l ]] && busy+=("mounts at/under $m: $(echo $l)")
+  l=$(kl_mounts_under "$m"); [[ -n $l ]] && busy+=("mounts at/under $m: ${l//$'\n'/ }")
 done
 if ((${#busy[@]})); then
   echo "glusterfs-up: a previous run (or part of it) is there; run $HERE/glusterfs-down.sh $DIR first:" >&2
@@ -74,6 +76,7 @@ find "${VAR_DIRS[@]}" 2>/dev/null | LC_ALL=C sort > "$DIR/state.new/var-before"
 for m in "${MOUNTS[@]}"; do echo "$m"; done > "$DIR/state.new/mounts"
 mv "$DIR/state.new" "$DIR/state"
 
+# shellcheck disable=SC2154 # rc is the trap's own
 trap 'rc=$?; echo "glusterfs-up failed (rc=$rc) at line $LINENO; see $DIR/logs" >&2; "$HERE/glusterfs-down.sh" "$DIR" >&2 || true; exit $rc' ERR
 
 # ---- glusterd
@@ -111,8 +114,8 @@ brick_pid() { # the brick's PID from glusterd's pidfile, if it runs glusterfsd f
   local f p
   for f in "$DIR/run/vols/$VOL"/*.pid; do
     [[ -s $f ]] || continue; p=$(cat "$f")
-    [[ $p =~ ^[0-9]+$ && "$(readlink -f /proc/$p/exe 2>/dev/null)" == */glusterfsd ]] || continue
-    tr '\0' '\n' < /proc/$p/cmdline 2>/dev/null | grep -qxF "$f" && { echo "$p"; return 0; }
+    [[ $p =~ ^[0-9]+$ && "$(readlink -f /proc/"$p"/exe 2>/dev/null)" == */glusterfsd ]] || continue
+    tr '\0' '\n' < /proc/"$p"/cmdline 2>/dev/null | grep -qxF "$f" && { echo "$p"; return 0; }
   done
   return 1
 }

@@ -96,6 +96,13 @@ pub struct RegistrarConfig {
     /// The member cluster of virtual nodes without that label or annotation:
     /// the only one, when the driver serves a single member cluster.
     pub default_member: Option<String>,
+    /// Also mark registered virtual nodes
+    /// `volumes.kubernetes.io/controller-managed-attach-detach: "true"` (as
+    /// a kubelet marks its node), so the host attach/detach controller
+    /// publishes the volumes of their pods: what global storage needs on
+    /// Kosmos nodes (an import made, single writers held, before the pod's
+    /// member gets the volume). It applies to every driver's volumes there.
+    pub attach_managed: bool,
 }
 
 impl RegistrarConfig {
@@ -108,6 +115,7 @@ impl RegistrarConfig {
             member_label: None,
             member_annotation: None,
             default_member: None,
+            attach_managed: false,
         }
     }
 

@@ -32,6 +32,11 @@ use super::selector::check_value;
 use super::{Context, ReconcileError, CALL_TIMEOUT, RESYNC_INTERVAL};
 
 const LABELS: &[&str] = &["f:metadata", "f:labels"];
+const ANNOTATIONS: &[&str] = &["f:metadata", "f:annotations"];
+/// Kubelet's mark of a node whose volumes the attach/detach controller
+/// attaches (`--virtual-node-attach`).
+pub const ATTACH_MANAGED_ANNOTATION: &str =
+    "volumes.kubernetes.io/controller-managed-attach-detach";
 const DRIVERS: &[&str] = &["f:spec", "f:drivers"];
 const OWNERS: &[&str] = &["f:metadata", "f:ownerReferences"];
 
@@ -74,12 +79,23 @@ fn owned_labels(node: &Node) -> BTreeSet<String> {
     )
 }
 
+/// The annotations our manager applied to the node (not the node-id one,
+/// which is merge-patched).
+fn owned_annotations(node: &Node) -> BTreeSet<String> {
+    fields::map_keys(
+        &fields::ours(node.metadata.managed_fields.as_deref()),
+        ANNOTATIONS,
+    )
+}
+
 /// What a selected node should carry.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Registration {
     pub uid: String,
     /// The labels we own on the node.
     pub labels: BTreeMap<String, String>,
+    /// The annotations we own on the node (the attach/detach mark).
+    pub annotations: BTreeMap<String, String>,
     /// Sorted, as kubelet writes them.
     pub topology_keys: Vec<String>,
 }
@@ -146,9 +162,15 @@ pub fn registration(
     if wanted.contains_key(&member_key) || admin_member {
         keys.insert(member_key);
     }
+    let annotations = if config.attach_managed {
+        BTreeMap::from([(ATTACH_MANAGED_ANNOTATION.to_string(), "true".to_string())])
+    } else {
+        BTreeMap::new()
+    };
     Ok(Registration {
         uid,
         labels: wanted,
+        annotations,
         topology_keys: keys.into_iter().collect(),
     })
 }
@@ -176,18 +198,22 @@ fn apply() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force()
 }
 
-/// Server-side applies exactly `labels` as our labels of the node: any
-/// other label we own and no one else does is removed by the API server.
-/// Returns the node as written.
+/// Server-side applies exactly `labels` and `annotations` as ours on the
+/// node: any other we own and no one else does is removed by the API
+/// server. Returns the node as written.
 async fn apply_labels(
     ctx: &Context,
     name: &str,
     labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
 ) -> Result<Node, ReconcileError> {
     let mut metadata = Map::new();
     metadata.insert("name".into(), json!(name));
     if !labels.is_empty() {
         metadata.insert("labels".into(), json!(labels));
+    }
+    if !annotations.is_empty() {
+        metadata.insert("annotations".into(), json!(annotations));
     }
     let body = json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata});
     let nodes = Api::<Node>::all(ctx.client.clone());
@@ -261,7 +287,12 @@ async fn register(node: &Node, name: &str, ctx: &Context) -> Result<(), Reconcil
 
     let current = labels(node);
     let labels_in_sync = owned_labels(node) == reg.labels.keys().cloned().collect()
-        && reg.labels.iter().all(|(k, v)| current.get(k) == Some(v));
+        && reg.labels.iter().all(|(k, v)| current.get(k) == Some(v))
+        && owned_annotations(node) == reg.annotations.keys().cloned().collect()
+        && reg
+            .annotations
+            .iter()
+            .all(|(k, v)| annotation(node, k) == Some(v.as_str()));
     let labelled;
     // The annotation is rewritten from the node as last written (and at its
     // resourceVersion).
@@ -269,7 +300,7 @@ async fn register(node: &Node, name: &str, ctx: &Context) -> Result<(), Reconcil
         node
     } else {
         tracing::info!(node = name, labels = ?reg.labels, "labelling virtual node");
-        labelled = apply_labels(ctx, name, &reg.labels).await?;
+        labelled = apply_labels(ctx, name, &reg.labels, &reg.annotations).await?;
         &labelled
     };
 
@@ -402,6 +433,6 @@ async fn unregister(node: &Node, name: &str, ctx: &Context) -> Result<(), Reconc
         node = name,
         "removing topology labels of a node no longer selected"
     );
-    apply_labels(ctx, name, &BTreeMap::new()).await?;
+    apply_labels(ctx, name, &BTreeMap::new(), &BTreeMap::new()).await?;
     Ok(())
 }

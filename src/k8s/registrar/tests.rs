@@ -837,3 +837,95 @@ async fn run_until_stops_even_before_the_first_list_arrived() {
     assert!(result.is_ok());
     assert_eq!(started.elapsed(), SHUTDOWN_GRACE);
 }
+
+/// `--virtual-node-attach`: the attach/detach mark is applied with our
+/// labels (so it is ours to take away, as they are), once.
+#[tokio::test]
+async fn the_attach_detach_mark_is_applied_with_the_labels_when_asked() {
+    use super::reconcile::ATTACH_MANAGED_ANNOTATION;
+    let attach = RegistrarConfig {
+        attach_managed: true,
+        ..config()
+    };
+    let node_id = r#"{"relay.csi.dev":"vn-east"}"#;
+    let spec = NodeSpec {
+        labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+        managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+        node_id: Some(node_id),
+        ..Default::default()
+    };
+    let result = run_reconcile(node(spec), attach.clone(), async |api| {
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        labels.assert_apply();
+        assert_eq!(
+            labels.body,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {
+                "name": NODE,
+                "labels": {MEMBER_KEY: "east", NODE_KEY: NODE},
+                "annotations": {ATTACH_MANAGED_ANNOTATION: "true"},
+            }})
+        );
+        let mut written = labels.body.clone();
+        written["metadata"]["uid"] = json!(UID);
+        written["metadata"]["annotations"][NODE_ID_ANNOTATION] = json!(node_id);
+        labels.ok(written);
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+    })
+    .await;
+    assert_eq!(
+        result.expect("reconciled"),
+        Action::requeue(RESYNC_INTERVAL)
+    );
+
+    // Applied and owned: nothing to write.
+    let mut owned = our_labels(&[MEMBER_KEY, NODE_KEY]);
+    owned["fieldsV1"]["f:metadata"]["f:annotations"] =
+        json!({format!("f:{ATTACH_MANAGED_ANNOTATION}"): {}});
+    let mut marked = node_json(
+        &NodeSpec {
+            labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+            managed: vec![owned],
+            node_id: Some(node_id),
+            ..Default::default()
+        },
+        "100",
+    );
+    marked["metadata"]["annotations"][ATTACH_MANAGED_ANNOTATION] = json!("true");
+    let marked: Arc<Node> = Arc::new(serde_json::from_value(marked).unwrap());
+    let result = run_reconcile(marked.clone(), attach, async |api| {
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+    })
+    .await;
+    result.expect("reconciled");
+
+    // Without the flag, the mark we applied goes with the next apply.
+    let result = run_reconcile(marked, config(), async |api| {
+        let labels = api.expect("PATCH", NODE_PATH).await;
+        assert!(
+            labels.body["metadata"].get("annotations").is_none(),
+            "{}",
+            labels.body
+        );
+        labels.ok(node_json(
+            &NodeSpec {
+                labels: json!({CLUSTER_LABEL: "east", MEMBER_KEY: "east", NODE_KEY: NODE}),
+                managed: vec![our_labels(&[MEMBER_KEY, NODE_KEY])],
+                node_id: Some(node_id),
+                ..Default::default()
+            },
+            "101",
+        ));
+        api.expect("GET", CSINODE_PATH).await.ok(csinode(
+            vec![csinode_entry(&[MEMBER_KEY, NODE_KEY])],
+            vec![our_csinode_fields()],
+        ));
+    })
+    .await;
+    result.expect("reconciled");
+}
