@@ -31,6 +31,11 @@ rc=0
 if [[ -d $S/m2lab ]]; then
   "$KL/kubelet-node-down.sh" "$S/m2lab" "$M2KC" $M2_KL_NODE > "$S/logs/kubelet-node-down.log" 2>&1 ||
     { rc=1; tail -5 "$S/logs/kubelet-node-down.log" >&2; }
+  # kubelet-node-up.sh (POD_LOG_DIR) binds the lab onto itself here; when it
+  # failed, its own rollback ran in the kubelet's mount namespace and left
+  # that bind in this one (with its record gone).
+  m2=$(awk -v d="$S/m2lab" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo)
+  if [[ $m2 == "$S/m2lab" ]]; then umount "$S/m2lab" || rc=1; fi
   ts "member2: node $M2_KL_NODE and its scheduler down"
 fi
 if km2 get --raw /readyz > /dev/null 2>&1; then
@@ -42,7 +47,22 @@ if km get --raw /readyz > /dev/null 2>&1; then
   cls() { # cls KIND: KIND objects of the class, as NAMESPACE/NAME or NAME
     km get "$1" -A -o jsonpath='{range .items[?(@.spec.storageClassName=="'$SHARED_CLASS'")]}{.metadata.namespace}{"/"}{.metadata.name}{"\n"}{end}' 2>/dev/null
   }
-  for c in $(cls pvc); do km -n "${c%/*}" delete pvc "${c#*/}" --wait=false > /dev/null 2>&1; done
+  claims=$(cls pvc)
+  # Pods still using them would keep the claims (pvc-protection): they go first.
+  pods=$(km get pods -A -o json 2>/dev/null | python3 -c '
+import json, sys
+claims = set(sys.argv[1].split())
+for p in json.load(sys.stdin)["items"]:
+    ns = p["metadata"]["namespace"]
+    if any(ns + "/" + v["persistentVolumeClaim"]["claimName"] in claims
+           for v in p["spec"].get("volumes") or [] if "persistentVolumeClaim" in v):
+        print(ns + "/" + p["metadata"]["name"])' "$claims" || true)
+  for p in $pods; do
+    echo "pod $p still uses a claim of class $SHARED_CLASS; deleting it" >&2
+    km -n "${p%/*}" delete pod "${p#*/}" --wait=false > /dev/null 2>&1
+  done
+  for p in $pods; do km -n "${p%/*}" wait --for=delete pod "${p#*/}" --timeout=60s > /dev/null 2>&1 || rc=1; done
+  for c in $claims; do km -n "${c%/*}" delete pvc "${c#*/}" --wait=false > /dev/null 2>&1; done
   if [[ -n "$(cls pv)" ]]; then
     # shellcheck disable=SC2317 # called by waitfor
     no_pvs() { [[ -z "$(cls pv)" ]]; }

@@ -53,7 +53,7 @@ for b in local-path-provisioner kube-scheduler kubelet pause; do
   [[ -x $B/$b ]] || { echo "missing $B/$b" >&2; exit 2; }
 done
 busy=()
-for f in "$S"/pids/*.pid "$S"/m2lab/pids/*.pid; do
+for f in "$S"/pids/*.pid "$S"/m2lab/pids/*.pid "$S"/gluster/pids/*.pid; do
   [[ -e $f ]] || continue
   # shellcheck disable=SC2034,SC1091 # as lab()
   ( LAB=$(dirname "$(dirname "$f")"); source "$KL/kl-lib.sh"; kl_alive "$(basename "$f" .pid)" ) &&
@@ -75,7 +75,7 @@ km2 get node member2-node-1 > /dev/null || { echo "member2 is not up ($M2KC)" >&
 mkdir -p "$S/logs" "$S/pids" "$S/manifests" "$S/local-path"
 bg=
 # shellcheck disable=SC2154 # rc is the trap's own
-trap 'rc=$?; echo "shared-up failed (rc=$rc) at line $LINENO; see $S/logs" >&2; [[ -n $bg ]] && wait $bg; "$HERE/shared-down.sh" "$RUN" >&2 || true; exit $rc' ERR
+trap 'rc=$?; echo "shared-up failed (rc=$rc) at line $LINENO; see $S/logs" >&2; [[ -z $bg ]] || wait $bg || true; "$HERE/shared-down.sh" "$RUN" >&2 || true; exit $rc' ERR
 
 # ---- the shared filesystem: one volume, a client per member
 "$E2E_ENV/glusterfs-up.sh" "$S/gluster" $SHARED_VOLUME "$S/member1" "$S/member2" > "$S/logs/glusterfs-up.log" 2>&1 ||

@@ -24,6 +24,7 @@ mod deploy_manifests;
 mod docs_commands;
 mod foreign_clients;
 mod fuzz_requests;
+mod global_storage_e2e;
 mod helm_chart;
 mod host_outage_e2e;
 mod housekeeping;

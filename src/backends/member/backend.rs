@@ -386,8 +386,15 @@ impl MemberBackend {
                 ))
             }
         };
-        let accepts =
-            |s: &&HashMap<String, String>| s.get(TOPOLOGY_MEMBER_KEY).is_none_or(|m| m == &member);
+        // A shared volume is reachable from every sharing member.
+        let accepts = |s: &&HashMap<String, String>| {
+            s.get(TOPOLOGY_MEMBER_KEY).is_none_or(|m| {
+                m == &member
+                    || sharing
+                        .as_ref()
+                        .is_some_and(|sh| sh.includes(m) && sh.includes(&member))
+            })
+        };
         if !requisite.is_empty() && !requisite.iter().any(accepts) {
             return Err(CsiError::ResourceExhausted(format!(
                 "none of the requisite topologies {requisite:?} can reach member cluster {member}"

@@ -1,0 +1,808 @@
+//! Global storage on real shared storage and real kubelets: one volume that
+//! two members reach, and a stateful pod that moves between them with its
+//! data.
+//!
+//! `tests/kosmos/env-up.sh`, `demo-up.sh` and `shared-up.sh` start Kosmos
+//! (virtual nodes kosmos-member1, kosmos-member2), a real kubelet node in
+//! each member (member-kl-1, member2-kl-1), a real host kubelet node
+//! demo-kl-1, and one GlusterFS volume that member1's nodes mount at
+//! RUN/shared/member1 and member2's at RUN/shared/member2, each through a
+//! FUSE client of its own (nothing else carries data between the members);
+//! member1's class `shared-local-path` (local-path-provisioner with
+//! `sharedFileSystemPath`) makes hostPath PVs there. This test runs a
+//! csi-relay controller serving both members (virtual-node registrar with
+//! `--virtual-node-attach`) with the stock provisioner and attacher, a
+//! csi-relay node plugin on demo-kl-1, and a host class sharing the volume
+//! between member1 and member2. It checks:
+//! - **the seed's demo, moved**: a Deployment on kosmos-member1 writes a
+//!   token; its node selector changed to kosmos-member2, the new pod runs in
+//!   member2 on an import of the volume and reads the token; moved back, it
+//!   reads it again in member1 and member2's import is gone;
+//! - **ReadWriteOnce in two members at once** is refused: while a pod of
+//!   member1 uses the volume, the Deployment's pod on kosmos-member2 waits
+//!   and its VolumeAttachment says which member, pod and node hold it; it
+//!   starts once that pod is gone;
+//! - **a host kubelet node mapped to member2** (demo-kl-1) uses the volume
+//!   member1 made, through member2's mount;
+//! - **ReadWriteMany across members**: a pod in each member writes its own
+//!   file and reads the other's;
+//! - **delete**: nothing left in either member, in the host or in the
+//!   storage.
+//!
+//! Runs when the two-cluster environment is up (RELAY_E2E_*,
+//! RELAY_E2E_SIDECARS), E2E_HOME holds Kosmos, kubelets and
+//! local-path-provisioner, and GlusterFS is installed (Debian's
+//! glusterfs-server, glusterfs-client); prints "skipped" otherwise.
+
+use crate::{common, e2e_support};
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use serde_json::{json, Value};
+
+use e2e_support::{apply, client, eventually, ScriptedEnv, Sidecar};
+
+const DRIVER: &str = "relay.csi.dev";
+const IMAGE: &str = "localhost/busybox:1.35";
+const WAIT: Duration = Duration::from_secs(180);
+const KOSMOS1: &str = "kosmos-member1";
+const KOSMOS2: &str = "kosmos-member2";
+/// tests/kosmos/settings.sh, shared-up.sh.
+const HOST_NODE: &str = "demo-kl-1";
+const MEMBER1_NODE: &str = "member-kl-1";
+const MEMBER2_NODE: &str = "member2-kl-1";
+const MEMBER_CLASS: &str = "shared-local-path";
+const MEMBER_KEY: &str = "topology.relay.csi.dev/member";
+const MEMBER_NODE_KEY: &str = "topology.relay.csi.dev/member-node";
+const IMPORTED_FROM: &str = "relay.csi.dev/imported-from";
+
+struct Prerequisites {
+    env: e2e_support::Env,
+    e2e_home: PathBuf,
+    sidecars: PathBuf,
+}
+
+fn prerequisites() -> Result<Prerequisites, String> {
+    let env = e2e_support::env().ok_or("no clusters: set RELAY_E2E_*")?;
+    let sidecars = PathBuf::from(
+        std::env::var("RELAY_E2E_SIDECARS").map_err(|_| "no sidecars: set RELAY_E2E_SIDECARS")?,
+    );
+    let e2e_home = e2e_support::kubelet_node_home(
+        &[
+            "clustertree-cluster-manager",
+            "provisioner-localpv",
+            "local-path-provisioner",
+            "csi-node-driver-registrar",
+        ],
+        &["glusterd", "glusterfs", "gluster"],
+    )?;
+    if !e2e_home.join("kosmos-crds").is_dir() {
+        return Err("no Kosmos CRDs ($E2E_HOME/kosmos-crds)".into());
+    }
+    Ok(Prerequisites {
+        env,
+        e2e_home,
+        sidecars,
+    })
+}
+
+/// Runs `tests/kosmos/shared-down.sh RUN` when dropped (before the Kosmos
+/// environment's own down script, declared earlier).
+struct SharedStorage<'a>(&'a ScriptedEnv);
+
+impl Drop for SharedStorage<'_> {
+    fn drop(&mut self) {
+        let ok = self
+            .0
+            .command("shared-down.sh")
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!(
+                "tests/kosmos/shared-down.sh did not finish cleanly; see {}",
+                self.0.run.path().display()
+            );
+        }
+    }
+}
+
+struct Ctx {
+    host: Client,
+    member1: Client,
+    member2: Client,
+    tag: String,
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64())
+}
+
+/// A one-pod Deployment (Recreate: a ReadWriteOnce volume is never asked
+/// of two pods at once) that writes a token into a fresh volume, or copies
+/// the token it finds into `seen-<its name>`.
+fn deployment(node: &str, token: &str) -> Value {
+    let script = "if [ -f /data/token ]; then cp /data/token /data/seen-$POD_NAME; \
+                  else echo $TOKEN > /data/token; fi; sleep 3600";
+    json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+        "spec": {"replicas": 1, "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {"app": "global"}},
+            "template": {"metadata": {"labels": {"app": "global"}},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                    "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+                    "tolerations": [{"key": "kosmos.io/node", "operator": "Exists"}],
+                    "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", script],
+                        "env": [{"name": "TOKEN", "value": token},
+                                {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+                    "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}}}})
+}
+
+/// A pod on `node` that writes `mine` and waits for `theirs`.
+fn writer(name: &str, node: &str, mine: &str, theirs: &str) -> Value {
+    let script = format!(
+        "echo {name} > /data/{mine}; while [ ! -f /data/{theirs} ]; do sleep 0.2; done; \
+         cp /data/{theirs} /data/{mine}-read; sleep 3600"
+    );
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "global"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+            "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "kosmos.io/node", "operator": "Exists"}],
+            "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+}
+
+async fn file_says(path: &Path, want: &str) {
+    eventually(
+        &format!("{} says {want}", path.display()),
+        WAIT,
+        || async move {
+            let text = std::fs::read_to_string(path).ok()?;
+            (text.trim() == want).then_some(())
+        },
+    )
+    .await;
+}
+
+impl Ctx {
+    async fn namespace(&self, name: &str) -> String {
+        let ns = format!("{name}-{}", self.tag);
+        e2e_support::admitting_namespace(&self.host, &ns).await;
+        ns
+    }
+
+    async fn claim(&self, ns: &str, class: &str, mode: &str) {
+        let pvc = json!({"metadata": {"name": "data"},
+            "spec": {"accessModes": [mode], "storageClassName": class,
+                     "resources": {"requests": {"storage": "16Mi"}}}});
+        Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(pvc).expect("pvc"),
+            )
+            .await
+            .expect("create host PVC");
+    }
+
+    async fn running_pods(cluster: &Client, ns: &str) -> Vec<String> {
+        let pods: Api<Pod> = Api::namespaced(cluster.clone(), ns);
+        let list = pods
+            .list(&ListParams::default().labels("app=global"))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        list.into_iter()
+            .filter(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .filter_map(|p| p.metadata.name)
+            .collect()
+    }
+
+    /// A pod of `ns` Running in `cluster` other than `not`.
+    async fn pod_running(&self, cluster: &Client, ns: &str, not: Option<&str>) -> String {
+        eventually(&format!("a pod of {ns} Running"), WAIT, || async move {
+            Self::running_pods(cluster, ns)
+                .await
+                .into_iter()
+                .find(|p| Some(p.as_str()) != not)
+        })
+        .await
+    }
+
+    /// The directory of the volume, from the origin's (member1's) PV.
+    async fn origin_dir(&self, ns: &str) -> PathBuf {
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.member1.clone(), ns);
+        let pvs: Api<PersistentVolume> = Api::all(self.member1.clone());
+        let pv = eventually(&format!("member1's claim {ns}/data Bound"), WAIT, || {
+            let (claims, pvs) = (claims.clone(), pvs.clone());
+            async move {
+                let claim = claims.get_opt("data").await.ok().flatten()?;
+                claim
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get("relay.csi.dev/volume-id")?;
+                let pv = claim.spec?.volume_name?;
+                pvs.get_opt(&pv).await.ok().flatten()
+            }
+        })
+        .await;
+        let path = &pv
+            .spec
+            .and_then(|s| s.host_path)
+            .expect("a hostPath PV")
+            .path;
+        PathBuf::from(path)
+    }
+
+    async fn move_to(&self, ns: &str, node: &str) {
+        Api::<Deployment>::namespaced(self.host.clone(), ns)
+            .patch(
+                "app",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"template": {"spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node}}}}})),
+            )
+            .await
+            .expect("move the Deployment");
+    }
+
+    async fn scale(&self, ns: &str, replicas: i32) {
+        Api::<Deployment>::namespaced(self.host.clone(), ns)
+            .patch(
+                "app",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("scale the Deployment");
+    }
+
+    /// Until no pod of `ns` is left in `cluster`.
+    async fn pods_gone(cluster: &Client, ns: &str) {
+        let pods: Api<Pod> = Api::namespaced(cluster.clone(), ns);
+        eventually(&format!("no pod of {ns}"), WAIT, || {
+            let pods = pods.clone();
+            async move {
+                let list = pods
+                    .list(&ListParams::default().labels("app=global"))
+                    .await
+                    .ok()?;
+                list.items.is_empty().then_some(())
+            }
+        })
+        .await;
+    }
+
+    /// Kosmos leaves a virtual node's host pods to the host (no kubelet
+    /// ends them): once their member pod is gone they are removed here.
+    async fn host_pods_gone(&self, ns: &str) {
+        let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        let _ = host_pods
+            .delete_collection(&now, &ListParams::default().labels("app=global"))
+            .await;
+        Self::pods_gone(&self.host, ns).await;
+    }
+
+    async fn host_pv(&self, ns: &str) -> String {
+        Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
+            .get("data")
+            .await
+            .ok()
+            .and_then(|c| c.spec?.volume_name)
+            .expect("the host claim's PV")
+    }
+
+    /// The volume's import in member2: (PV, claim) as far as they exist.
+    async fn import_in_member2(&self, ns: &str) -> (Option<PersistentVolume>, bool) {
+        let pvs = Api::<PersistentVolume>::all(self.member2.clone())
+            .list(&ListParams::default().labels(IMPORTED_FROM))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let pv = pvs.into_iter().find(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .is_some_and(|c| c.namespace.as_deref() == Some(ns))
+        });
+        let claim = Api::<PersistentVolumeClaim>::namespaced(self.member2.clone(), ns)
+            .get_opt("data")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|c| {
+                c.metadata
+                    .labels
+                    .is_some_and(|l| l.get(IMPORTED_FROM).map(String::as_str) == Some("member1"))
+            });
+        (pv, claim)
+    }
+
+    async fn import_gone(&self, ns: &str) {
+        eventually(
+            &format!("member2's import of {ns}/data gone"),
+            WAIT,
+            || async {
+                let (pv, claim) = self.import_in_member2(ns).await;
+                (pv.is_none() && !claim).then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// The attach error of `ns/data`'s VolumeAttachment on `node`.
+    async fn attach_error(&self, ns: &str, node: &str) -> String {
+        let pv = self.host_pv(ns).await;
+        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
+        eventually(&format!("the attach error of {ns}/data on {node}"), WAIT, || {
+            let (vas, pv) = (vas.clone(), pv.clone());
+            async move {
+                let list = vas.list(&ListParams::default()).await.ok()?;
+                list.items.into_iter().find_map(|va| {
+                    let ours = va.spec.node_name == node
+                        && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str());
+                    let status = va.status.filter(|_| ours)?;
+                    (!status.attached).then_some(())?;
+                    status.attach_error?.message
+                })
+            }
+        })
+        .await
+    }
+
+    async fn detached(&self, ns: &str, node: &str) {
+        let pv = self.host_pv(ns).await;
+        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
+        eventually(&format!("{ns}/data detached from {node}"), WAIT, || {
+            let (vas, pv) = (vas.clone(), pv.clone());
+            async move {
+                let list = vas.list(&ListParams::default()).await.ok()?;
+                (!list.items.iter().any(|va| {
+                    va.spec.node_name == node
+                        && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
+                }))
+                .then_some(())
+            }
+        })
+        .await;
+    }
+
+    /// Deletes what runs in `ns` and the claim; waits until no cluster
+    /// holds anything of it and the directory is gone from the storage,
+    /// seen through both members' mounts.
+    async fn delete_and_check_nothing_left(&self, ns: &str, dirs: [PathBuf; 2]) {
+        let _ = Api::<Deployment>::namespaced(self.host.clone(), ns)
+            .delete("app", &DeleteParams::foreground())
+            .await;
+        let _ = Api::<Pod>::namespaced(self.host.clone(), ns)
+            .delete_collection(
+                &DeleteParams::default(),
+                &ListParams::default().labels("app=global"),
+            )
+            .await;
+        Self::pods_gone(&self.member1, ns).await;
+        Self::pods_gone(&self.member2, ns).await;
+        self.host_pods_gone(ns).await;
+        Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
+            .delete("data", &DeleteParams::default())
+            .await
+            .expect("delete host PVC");
+        let host_pvc = format!("{ns}/data");
+        eventually(&format!("nothing left of {host_pvc}"), WAIT, || async {
+            let claimed_in = |pvs: Vec<PersistentVolume>| {
+                pvs.iter().any(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .is_some_and(|c| c.namespace.as_deref() == Some(ns))
+                })
+            };
+            let mut left = false;
+            for cluster in [&self.host, &self.member1, &self.member2] {
+                let pvs = Api::<PersistentVolume>::all(cluster.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                let claim = Api::<PersistentVolumeClaim>::namespaced(cluster.clone(), ns)
+                    .get_opt("data")
+                    .await
+                    .ok()?;
+                left |= claimed_in(pvs.items) || claim.is_some();
+            }
+            (!left).then_some(())
+        })
+        .await;
+        for dir in dirs {
+            eventually(&format!("{} removed", dir.display()), WAIT, || async {
+                (!dir.exists()).then_some(())
+            })
+            .await;
+        }
+        let _ = Api::<Namespace>::all(self.host.clone())
+            .delete(ns, &DeleteParams::default())
+            .await;
+    }
+}
+
+/// Until `node`'s CSINode lists the relay with the member topology key.
+async fn relay_registered(host: &Client, node: &str) {
+    let csinodes: Api<CSINode> = Api::all(host.clone());
+    eventually(&format!("{DRIVER} registered on {node}"), WAIT, || {
+        let csinodes = csinodes.clone();
+        async move {
+            let entry = csinodes
+                .get(node)
+                .await
+                .ok()?
+                .spec
+                .drivers
+                .into_iter()
+                .find(|d| d.name == DRIVER)?;
+            entry
+                .topology_keys?
+                .iter()
+                .any(|k| k == MEMBER_KEY)
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+/// `path` under member1's mount, seen under member2's.
+fn through_member2(path: &Path, shared: &Path) -> PathBuf {
+    let rest = path
+        .strip_prefix(shared.join("member1"))
+        .expect("the volume's directory is under member1's mount");
+    shared.join("member2").join(rest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stateful_pod_moves_between_members_with_its_data() {
+    let _alone = common::alone();
+    let pre = match prerequisites() {
+        Ok(p) => p,
+        Err(why) => {
+            common::skip(&why);
+            return;
+        }
+    };
+    let kosmos = ScriptedEnv::new("kosmos", "env-down.sh", &pre.e2e_home, vec![]);
+    kosmos.run("env-up.sh");
+    kosmos.run("demo-up.sh");
+    let _shared_down = SharedStorage(&kosmos);
+    let started = Instant::now();
+    kosmos.run("shared-up.sh");
+    println!(
+        "figure: shared storage up (GlusterFS, a client per member, member2's kubelet node) in {} s",
+        seconds(started.elapsed())
+    );
+    let run = kosmos.run.path();
+    let shared = run.join("shared");
+    let demo = run.join("demo");
+    let env = &pre.env;
+    let host = client(&env.host_kubeconfig).await;
+    let member2_kubeconfig = pre.e2e_home.join("run/member2.kubeconfig");
+    let member2_relay = pre.e2e_home.join("run/member2-relay.kubeconfig");
+    let ctx = Ctx {
+        host: host.clone(),
+        member1: client(&env.member_kubeconfig).await,
+        member2: client(&member2_kubeconfig.display().to_string()).await,
+        tag: format!("{}", std::process::id()),
+    };
+    // No node lifecycle controller lifts a new node's not-ready taint here.
+    for node in [KOSMOS1, KOSMOS2] {
+        let nodes: Api<Node> = Api::all(host.clone());
+        if let Ok(n) = nodes.get(node).await {
+            let taints: Vec<Value> = n
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key != "node.kubernetes.io/not-ready")
+                .map(|t| serde_json::to_value(t).expect("taint"))
+                .collect();
+            let _ = nodes
+                .patch(
+                    node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"taints": taints}})),
+                )
+                .await;
+        }
+    }
+
+    e2e_support::install_crd(&host).await;
+    e2e_support::install_csidriver(&host).await;
+    let classes: Api<StorageClass> = Api::all(host.clone());
+    let shared_paths = format!(
+        "member1={},member2={}",
+        shared.join("member1").display(),
+        shared.join("member2").display()
+    );
+    apply(
+        &classes,
+        "global",
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+               "metadata": {"name": "global"}, "provisioner": DRIVER,
+               "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete",
+               "parameters": {"member": "member1", "memberStorageClass": MEMBER_CLASS,
+                              "sharedWith": "member1,member2", "sharedPaths": shared_paths,
+                              "createMemberNamespace": "true"}}),
+    )
+    .await;
+
+    let member1 = format!("member1={}", env.relay_member_kubeconfig);
+    let member2 = format!("member2={}", member2_relay.display());
+    let relay = common::Driver::start_as(
+        "controller",
+        &[
+            "--mode",
+            "controller",
+            "--backend",
+            "member",
+            "--member",
+            &member1,
+            "--member",
+            &member2,
+            "--host-kubeconfig",
+            &env.host_kubeconfig,
+            "--virtual-node-registrar",
+            "--virtual-node-attach",
+            "--housekeeping-interval",
+            "5",
+        ],
+    )
+    .await;
+    let args =
+        |extra: &[&str]| e2e_support::sidecar_args(&relay.socket, &env.host_kubeconfig, extra);
+    let _provisioner = Sidecar::start(
+        &pre.sidecars.join("csi-provisioner"),
+        &args(&[
+            "--extra-create-metadata",
+            "--feature-gates=Topology=true",
+            "--strict-topology",
+        ]),
+        &relay.path("csi-provisioner.log"),
+    );
+    let _attacher = Sidecar::start(
+        &pre.sidecars.join("csi-attacher"),
+        &args(&[]),
+        &relay.path("csi-attacher.log"),
+    );
+    let node_args = [
+        "--mode".to_string(),
+        "node".into(),
+        "--backend".into(),
+        "member".into(),
+        "--node-member".into(),
+        "member1".into(),
+        "--host-kubeconfig".into(),
+        env.host_kubeconfig.clone(),
+        "--plugins-dir".into(),
+        demo.join("member-plugins").display().to_string(),
+    ];
+    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
+    let node_plugin = common::Driver::start_as(HOST_NODE, &node_args).await;
+    let _registrar = Sidecar::start(
+        &pre.sidecars.join("csi-node-driver-registrar"),
+        &[
+            format!("--csi-address={}", node_plugin.socket.display()),
+            format!(
+                "--kubelet-registration-path={}",
+                node_plugin.socket.display()
+            ),
+            format!(
+                "--plugin-registration-path={}",
+                demo.join("lab/kubelet/plugins_registry").display()
+            ),
+            "-v=3".into(),
+        ],
+        &node_plugin.path("registrar.log"),
+    );
+    for node in [KOSMOS1, KOSMOS2, HOST_NODE] {
+        relay_registered(&host, node).await;
+    }
+
+    // ---- The seed's demo, moved to member2 and back.
+    let ns = ctx.namespace("moved").await;
+    let token = format!("moved-{}", ctx.tag);
+    let t = Instant::now();
+    ctx.claim(&ns, "global", "ReadWriteOnce").await;
+    Api::<Deployment>::namespaced(host.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(deployment(KOSMOS1, &token)).expect("deployment"),
+        )
+        .await
+        .expect("create Deployment");
+    let first = ctx.pod_running(&ctx.member1, &ns, None).await;
+    let dir = ctx.origin_dir(&ns).await;
+    let dir2 = through_member2(&dir, &shared);
+    file_says(&dir.join("token"), &token).await;
+    println!(
+        "figure: demo on {KOSMOS1}: pod Running in member1 {} s after apply",
+        seconds(t.elapsed())
+    );
+
+    let t = Instant::now();
+    ctx.move_to(&ns, KOSMOS2).await;
+    let in_member2 = ctx.pod_running(&ctx.member2, &ns, None).await;
+    let moved = t.elapsed();
+    // Written in member2 through member2's own mount, read through member1's.
+    file_says(&dir.join(format!("seen-{in_member2}")), &token).await;
+    file_says(&dir2.join("token"), &token).await;
+    let (pv, claim) = ctx.import_in_member2(&ns).await;
+    let pv = pv.expect("member2's import PV");
+    let spec = pv.spec.expect("import PV spec");
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Retain")
+    );
+    assert_eq!(
+        spec.host_path.as_ref().map(|h| PathBuf::from(&h.path)),
+        Some(dir2.clone()),
+        "the import names the same directory under member2's mount"
+    );
+    assert!(claim, "member2's claim is the relay's import");
+    println!(
+        "figure: demo moved {KOSMOS1} -> {KOSMOS2}: the new pod Running in member2 on the import, token read, {} s after the edit",
+        seconds(moved)
+    );
+    Ctx::pods_gone(&ctx.member1, &ns).await;
+
+    let t = Instant::now();
+    ctx.move_to(&ns, KOSMOS1).await;
+    let back = ctx.pod_running(&ctx.member1, &ns, Some(&first)).await;
+    let moved_back = t.elapsed();
+    file_says(&dir.join(format!("seen-{back}")), &token).await;
+    ctx.import_gone(&ns).await;
+    println!(
+        "figure: demo moved back {KOSMOS2} -> {KOSMOS1}: Running in member1, token read, {} s after the edit; member2's import gone after {} s",
+        seconds(moved_back),
+        seconds(t.elapsed())
+    );
+
+    // ---- ReadWriteOnce in two members at once: refused while a member1
+    // pod (not the Deployment's) uses the volume.
+    ctx.scale(&ns, 0).await;
+    Ctx::pods_gone(&ctx.member1, &ns).await;
+    ctx.host_pods_gone(&ns).await;
+    ctx.detached(&ns, KOSMOS1).await;
+    let holder = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder"},
+        "spec": {"nodeName": MEMBER1_NODE, "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "sleep 3600"],
+                "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}});
+    let member1_pods: Api<Pod> = Api::namespaced(ctx.member1.clone(), &ns);
+    member1_pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(holder).expect("pod"),
+        )
+        .await
+        .expect("a member1 pod on the volume");
+    eventually("member1's holder Running", WAIT, || async {
+        let p = member1_pods.get("holder").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    ctx.move_to(&ns, KOSMOS2).await;
+    ctx.scale(&ns, 1).await;
+    let error = ctx.attach_error(&ns, KOSMOS2).await;
+    assert!(
+        error.contains(&format!(
+            "in use in member cluster member1 by pod {ns}/holder on node {MEMBER1_NODE}"
+        )),
+        "{error}"
+    );
+    println!("figure: ReadWriteOnce on {KOSMOS2} while a member1 pod uses it: ControllerPublishVolume refused: {error}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        Ctx::running_pods(&ctx.member2, &ns).await.is_empty(),
+        "nothing runs in member2 meanwhile"
+    );
+    let t = Instant::now();
+    member1_pods
+        .delete("holder", &DeleteParams::default())
+        .await
+        .expect("delete the holder");
+    let second = ctx.pod_running(&ctx.member2, &ns, None).await;
+    file_says(&dir.join(format!("seen-{second}")), &token).await;
+    println!(
+        "figure: ReadWriteOnce: member2's pod Running {} s after member1's let go",
+        seconds(t.elapsed())
+    );
+
+    // ---- A host kubelet node mapped to member2 uses the volume member1 made.
+    ctx.scale(&ns, 0).await;
+    Ctx::pods_gone(&ctx.member2, &ns).await;
+    ctx.host_pods_gone(&ns).await;
+    ctx.detached(&ns, KOSMOS2).await;
+    ctx.import_gone(&ns).await;
+    let nodes: Api<Node> = Api::all(host.clone());
+    nodes
+        .patch(
+            HOST_NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                MEMBER_KEY: "member2", MEMBER_NODE_KEY: MEMBER2_NODE}}})),
+        )
+        .await
+        .expect("map the host node to member2");
+    let t = Instant::now();
+    ctx.move_to(&ns, HOST_NODE).await;
+    ctx.scale(&ns, 1).await;
+    let on_host = ctx.pod_running(&host, &ns, None).await;
+    file_says(&dir.join(format!("seen-{on_host}")), &token).await;
+    assert!(
+        ctx.import_in_member2(&ns).await.1,
+        "member2 holds the import the host node uses"
+    );
+    println!(
+        "figure: host node {HOST_NODE} mapped to member2/{MEMBER2_NODE}: pod Running on member1's volume through member2's mount {} s after",
+        seconds(t.elapsed())
+    );
+    ctx.scale(&ns, 0).await;
+    Ctx::pods_gone(&host, &ns).await;
+    ctx.detached(&ns, HOST_NODE).await;
+    ctx.import_gone(&ns).await;
+    nodes
+        .patch(
+            HOST_NODE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                MEMBER_KEY: "member1", MEMBER_NODE_KEY: MEMBER1_NODE}}})),
+        )
+        .await
+        .expect("map the host node back");
+    ctx.delete_and_check_nothing_left(&ns, [dir.clone(), dir2.clone()])
+        .await;
+
+    // ---- ReadWriteMany: a pod in each member, each reads the other's file.
+    let ns = ctx.namespace("rwx").await;
+    ctx.claim(&ns, "global", "ReadWriteMany").await;
+    let pods: Api<Pod> = Api::namespaced(host.clone(), &ns);
+    for (name, node, mine, theirs) in [
+        ("one", KOSMOS1, "from-member1", "from-member2"),
+        ("two", KOSMOS2, "from-member2", "from-member1"),
+    ] {
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(writer(name, node, mine, theirs)).expect("pod"),
+        )
+        .await
+        .expect("create writer");
+    }
+    let t = Instant::now();
+    let dir = ctx.origin_dir(&ns).await;
+    let dir2 = through_member2(&dir, &shared);
+    file_says(&dir.join("from-member1-read"), "two").await;
+    file_says(&dir.join("from-member2-read"), "one").await;
+    file_says(&dir2.join("from-member1-read"), "two").await;
+    println!(
+        "figure: ReadWriteMany: a pod in member1 and one in member2 each read the other's write {} s after create",
+        seconds(t.elapsed())
+    );
+    ctx.delete_and_check_nothing_left(&ns, [dir, dir2]).await;
+
+    let _ = classes.delete("global", &DeleteParams::default()).await;
+    drop(node_plugin);
+    drop(relay);
+}
