@@ -27,7 +27,9 @@
 //! - **ReadWriteMany across members**: a pod in each member writes its own
 //!   file and reads the other's;
 //! - **delete**: nothing left in either member, in the host or in the
-//!   storage.
+//!   storage;
+//! - `csi-relay check` names a sharing class a member cannot serve (its
+//!   member class, or its CSI driver, missing there).
 //!
 //! Runs when the two-cluster environment is up (RELAY_E2E_*,
 //! RELAY_E2E_SIDECARS), E2E_HOME holds Kosmos, kubelets and
@@ -349,19 +351,24 @@ impl Ctx {
     async fn attach_error(&self, ns: &str, node: &str) -> String {
         let pv = self.host_pv(ns).await;
         let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
-        eventually(&format!("the attach error of {ns}/data on {node}"), WAIT, || {
-            let (vas, pv) = (vas.clone(), pv.clone());
-            async move {
-                let list = vas.list(&ListParams::default()).await.ok()?;
-                list.items.into_iter().find_map(|va| {
-                    let ours = va.spec.node_name == node
-                        && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str());
-                    let status = va.status.filter(|_| ours)?;
-                    (!status.attached).then_some(())?;
-                    status.attach_error?.message
-                })
-            }
-        })
+        eventually(
+            &format!("the attach error of {ns}/data on {node}"),
+            WAIT,
+            || {
+                let (vas, pv) = (vas.clone(), pv.clone());
+                async move {
+                    let list = vas.list(&ListParams::default()).await.ok()?;
+                    list.items.into_iter().find_map(|va| {
+                        let ours = va.spec.node_name == node
+                            && va.spec.source.persistent_volume_name.as_deref()
+                                == Some(pv.as_str());
+                        let status = va.status.filter(|_| ours)?;
+                        (!status.attached).then_some(())?;
+                        status.attach_error?.message
+                    })
+                }
+            },
+        )
         .await
     }
 
@@ -548,6 +555,61 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
 
     let member1 = format!("member1={}", env.relay_member_kubeconfig);
     let member2 = format!("member2={}", member2_relay.display());
+
+    // `csi-relay check` names a sharing class a member cannot serve: one
+    // that any member may provision, whose member class only member1 has;
+    // one of a CSI driver (member1's hostpath) that member2 lacks.
+    for (name, params) in [
+        (
+            "global-no-class",
+            json!({"memberStorageClass": MEMBER_CLASS, "sharedWith": "member1,member2"}),
+        ),
+        (
+            "global-no-driver",
+            json!({"member": "member1", "memberStorageClass": "kl-hostpath",
+                                    "sharedWith": "member1,member2"}),
+        ),
+    ] {
+        apply(
+            &classes,
+            name,
+            json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                   "metadata": {"name": name}, "provisioner": DRIVER, "parameters": params}),
+        )
+        .await;
+    }
+    let report = std::process::Command::new(env!("CARGO_BIN_EXE_csi-relay"))
+        .args([
+            "check",
+            "--output",
+            "json",
+            "--host-kubeconfig",
+            &env.host_kubeconfig,
+        ])
+        .args(["--member", &member1, "--member", &member2])
+        .output()
+        .expect("run csi-relay check");
+    let report: Value = serde_json::from_slice(&report.stdout).expect("check's JSON report");
+    for (name, says) in [
+        ("global-no-class", format!("member member2 may provision volumes of this class, but has no StorageClass \"{MEMBER_CLASS}\"")),
+        ("global-no-driver", "member member2 has no CSIDriver hostpath.kl.csi.k8s.io".to_string()),
+        ("global", "member member1 answers and has StorageClass".to_string()),
+    ] {
+        let finding = report["findings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|f| f["subject"] == format!("StorageClass {name}"))
+            .unwrap_or_else(|| panic!("no finding for {name}: {report}"));
+        let message = finding["message"].as_str().unwrap_or_default();
+        assert!(message.contains(&says), "{name}: {finding}");
+        let want = if name == "global" { "ok" } else { "problem" };
+        assert_eq!(finding["status"], want, "{finding}");
+        println!("figure: check: StorageClass {name}: {message} ({})", finding["fix"]);
+    }
+    for name in ["global-no-class", "global-no-driver"] {
+        let _ = classes.delete(name, &DeleteParams::default()).await;
+    }
     let relay = common::Driver::start_as(
         "controller",
         &[

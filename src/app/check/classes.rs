@@ -7,7 +7,11 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams};
 
 use super::report::{Clusters, Finding};
+use k8s_openapi::api::storage::v1::CSIDriver;
+
 use crate::domain::params::{self, BackingChoice, VolumeParams};
+use crate::domain::sharing::Sharing;
+use crate::k8s::cluster::Cluster;
 use crate::k8s::naming;
 
 pub async fn check(clusters: &Clusters, driver: &str) -> Vec<Finding> {
@@ -79,6 +83,17 @@ async fn check_class(clusters: &Clusters, subject: &str, class: &StorageClass) -
             return Finding::problem("class", subject, why, "fix allowedMemberNamespaces");
         }
     }
+    match Sharing::of(&p) {
+        Err(why) => {
+            return Finding::problem("class", subject, why, "fix sharedWith and sharedPaths")
+        }
+        Ok(Some(sharing)) => {
+            if let Some(problem) = check_sharing(clusters, subject, &p, &sharing).await {
+                return problem;
+            }
+        }
+        Ok(None) => {}
+    }
     let member = match (&p.member, clusters.members.as_slice()) {
         (Some(m), _) => m.clone(),
         (None, [(only, _)]) => only.clone(),
@@ -138,4 +153,85 @@ async fn check_class(clusters: &Clusters, subject: &str, class: &StorageClass) -
         ),
         Err(e) => Finding::unchecked("class", subject, e.to_string()),
     }
+}
+
+/// A class of storage several members share: every one of them must be
+/// able to use a volume of it. The member class where the volume may be
+/// provisioned (the `member`, else any sharing member), and in every other
+/// the CSI driver that class's provisioner is, when it is one (an import
+/// names the same driver and handle). None: nothing missing.
+async fn check_sharing(
+    clusters: &Clusters,
+    subject: &str,
+    p: &VolumeParams,
+    sharing: &Sharing,
+) -> Option<Finding> {
+    let mut reachable: Vec<(&str, &Cluster)> = Vec::new();
+    for m in sharing.members() {
+        if clusters.lost.iter().any(|l| l == m) {
+            continue;
+        }
+        match clusters.member(m) {
+            None => {
+                return Some(Finding::problem(
+                    "class",
+                    subject,
+                    format!("sharedWith names member {m:?}, which is not configured (--member): CreateVolume refuses the class"),
+                    format!("add --member {m}=KUBECONFIG to the controller, or remove {m} from sharedWith"),
+                ))
+            }
+            Some(Err(e)) => return Some(Finding::unchecked("class", subject, e.clone())),
+            Some(Ok(c)) => reachable.push((m, c)),
+        }
+    }
+    let wanted = p.member_storage_class.as_deref()?;
+    let origins: Vec<&(&str, &Cluster)> = reachable
+        .iter()
+        .filter(|(m, _)| p.member.as_deref().is_none_or(|o| o == *m))
+        .collect();
+    let mut provisioner = None;
+    for (m, cluster) in &origins {
+        let api = Api::<StorageClass>::all(cluster.client());
+        match cluster.fetch(&format!("get StorageClass {wanted}"), api.get(wanted)).await {
+            Ok(Some(class)) => provisioner = provisioner.or(Some((m.to_string(), class.provisioner))),
+            Ok(None) => {
+                return Some(Finding::problem(
+                    "class",
+                    subject,
+                    format!("shared storage: member {m} may provision volumes of this class, but has no StorageClass {wanted:?} (parameter memberStorageClass)"),
+                    format!("create StorageClass {wanted} in member {m}, or name the provisioning member with the parameter member"),
+                ))
+            }
+            Err(e) => return Some(Finding::unchecked("class", subject, e.to_string())),
+        }
+    }
+    let (origin, driver) = provisioner?;
+    let origin_cluster = reachable.iter().find(|(m, _)| *m == origin)?.1;
+    let csi = Api::<CSIDriver>::all(origin_cluster.client());
+    match origin_cluster
+        .fetch(&format!("get CSIDriver {driver}"), csi.get(&driver))
+        .await
+    {
+        Ok(Some(_)) => {}
+        // Not a CSI driver (hostPath, local, NFS provisioners): the
+        // import names a directory or a server, no driver.
+        Ok(None) => return None,
+        Err(e) => return Some(Finding::unchecked("class", subject, e.to_string())),
+    }
+    for (m, cluster) in reachable.iter().filter(|(m, _)| *m != origin) {
+        let api = Api::<CSIDriver>::all(cluster.client());
+        match cluster.fetch(&format!("get CSIDriver {driver}"), api.get(&driver)).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return Some(Finding::problem(
+                    "class",
+                    subject,
+                    format!("shared storage: member {m} has no CSIDriver {driver} (the driver of member {origin}'s StorageClass {wanted}): a volume imported into {m} cannot be mounted there"),
+                    format!("install {driver} in member {m}, reaching the same storage, or remove {m} from sharedWith"),
+                ))
+            }
+            Err(e) => return Some(Finding::unchecked("class", subject, e.to_string())),
+        }
+    }
+    None
 }
