@@ -300,6 +300,28 @@ impl Ctx {
         Self::pods_gone(&self.host, ns).await;
     }
 
+    /// After a move off a Kosmos node: once the old pod's member pod is
+    /// gone, its host pod (left Terminating: no kubelet ends it) is removed,
+    /// so the Recreate strategy starts the new one.
+    async fn old_pod_released(&self, ns: &str, from: &Client) {
+        Self::pods_gone(from, ns).await;
+        let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        let list = host_pods
+            .list(&ListParams::default().labels("app=global"))
+            .await
+            .expect("list host pods");
+        for pod in list.items {
+            if pod.metadata.deletion_timestamp.is_some() {
+                let name = pod.metadata.name.unwrap_or_default();
+                let _ = host_pods.delete(&name, &now).await;
+            }
+        }
+    }
+
     async fn host_pv(&self, ns: &str) -> String {
         Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
             .get("data")
@@ -703,6 +725,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
 
     let t = Instant::now();
     ctx.move_to(&ns, KOSMOS2).await;
+    ctx.old_pod_released(&ns, &ctx.member1).await;
     let in_member2 = ctx.pod_running(&ctx.member2, &ns, None).await;
     let moved = t.elapsed();
     // Written in member2 through member2's own mount, read through member1's.
@@ -725,10 +748,10 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         "figure: demo moved {KOSMOS1} -> {KOSMOS2}: the new pod Running in member2 on the import, token read, {} s after the edit",
         seconds(moved)
     );
-    Ctx::pods_gone(&ctx.member1, &ns).await;
 
     let t = Instant::now();
     ctx.move_to(&ns, KOSMOS1).await;
+    ctx.old_pod_released(&ns, &ctx.member2).await;
     let back = ctx.pod_running(&ctx.member1, &ns, Some(&first)).await;
     let moved_back = t.elapsed();
     file_says(&dir.join(format!("seen-{back}")), &token).await;

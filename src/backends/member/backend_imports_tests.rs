@@ -404,3 +404,40 @@ async fn delete_removes_imports_before_the_data() {
     );
     result.unwrap();
 }
+
+/// A first consumer in another sharing member: the volume is still made
+/// where the class says, since the consumer's member reaches it; a member
+/// outside the sharing is still refused.
+#[tokio::test]
+async fn a_requisite_of_another_sharing_member_is_served() {
+    let c = clusters();
+    let typed: VolumeParams = params::decode(
+        &[
+            ("member", "east"),
+            ("sharedWith", "east,west"),
+            ("memberNamespace", "relay"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        "parameters",
+    )
+    .unwrap();
+    let only = |m: &str| csi::TopologyRequirement {
+        requisite: vec![csi::Topology {
+            segments: [(TOPOLOGY_MEMBER_KEY.to_string(), m.to_string())].into(),
+        }],
+        preferred: vec![],
+    };
+    let caps = [cap(AccessMode::SingleNodeWriter)];
+    let placed =
+        c.b.place("pvc-1", &typed, &caps, Some(&only("west")), None)
+            .unwrap();
+    assert!(placed.id.starts_with("m-east-"), "{}", placed.id);
+    let mut alone = typed.clone();
+    alone.shared_with = None;
+    let err =
+        c.b.place("pvc-1", &alone, &caps, Some(&only("west")), None)
+            .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
+}
