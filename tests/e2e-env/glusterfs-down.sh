@@ -74,13 +74,29 @@ for f in "$DIR"/run/vols/*/*.pid; do [[ -e $f ]] && stop_pidfile "$f" "brick"; d
 stop 15 glusterd
 stop_pidfile "$DIR/run/glusterd.pid" glusterd
 for f in "$DIR"/pids/*.pid; do [[ -e $f ]] && stop 10 "$(basename "$f" .pid)"; done
-# Anything of gluster still running on DIR is reported, never killed by a guess.
-left=()
-for p in /proc/[0-9]*; do
-  [[ "$(readlink -f "$p/exe" 2>/dev/null)" == */glusterfsd ]] || continue
-  tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF -- "$DIR/" && left+=("${p#/proc/}")
-done
-if ((${#left[@]})); then echo "gluster processes on $DIR still running: ${left[*]}; not cleaning" >&2; exit 1; fi
+# Gluster programs still running on DIR (a gluster CLI call of an interrupted
+# glusterfs-up.sh, and what it runs: `gsyncd`, which writes under
+# /var/lib/glusterd) are waited for, never killed by a guess; if they stay,
+# nothing is cleaned (run again).
+on_dir() { # PIDs of gluster programs whose command line names DIR, and of their children
+  local p s ours=()
+  for p in /proc/[0-9]*; do
+    [[ "$(readlink -f "$p/exe" 2>/dev/null)" == */gluster* ]] || continue
+    tr '\0' ' ' < "$p/cmdline" 2>/dev/null | grep -qF -- "$DIR/" && ours+=("${p#/proc/}")
+  done
+  ((${#ours[@]})) || return 0
+  printf '%s\n' "${ours[@]}"
+  for p in /proc/[0-9]*; do
+    s=$(cat "$p/stat" 2>/dev/null) || continue; s=${s##*) }; s=${s#* }
+    [[ " ${ours[*]} " == *" ${s%% *} "* ]] && echo "${p#/proc/}"
+  done
+}
+running_on_dir() { local p; for p in $(on_dir); do gone "$p" || return 0; done; return 1; }
+for ((i = 0; i < 150; i++)); do running_on_dir || break; sleep 0.1; done
+if running_on_dir; then
+  echo "gluster processes on $DIR still running: $(for p in $(on_dir); do gone "$p" || printf '%s ' "$p"; done); not cleaning (run again)" >&2
+  exit 1
+fi
 
 # ---- 4. what gluster wrote under /var although told otherwise: only paths the record before the run lacks
 if [[ -s $DIR/state/var-before ]]; then

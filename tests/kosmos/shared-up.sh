@@ -126,6 +126,9 @@ spec:
     image: $HELPER_IMAGE
     imagePullPolicy: IfNotPresent
 YAML
+# A previous run's namespace still terminating would take what is made now with it.
+ns_usable() { [[ "$(km get namespace $SHARED_NS -o jsonpath='{.status.phase}' 2> /dev/null)" != Terminating ]]; }
+waitfor 120 "namespace $SHARED_NS of a previous run to go" ns_usable
 km create namespace $SHARED_NS --dry-run=client -o yaml | km apply -f - > /dev/null
 km -n $SHARED_NS create serviceaccount local-path-provisioner-service-account --dry-run=client -o yaml | km apply -f - > /dev/null
 # The helper pod mounts setup/teardown from this ConfigMap.
