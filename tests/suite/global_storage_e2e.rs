@@ -558,6 +558,11 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     e2e_support::install_crd(&host).await;
     e2e_support::install_csidriver(&host).await;
     let classes: Api<StorageClass> = Api::all(host.clone());
+    // StorageClass parameters are immutable: a class a failed run left
+    // (another run dir in sharedPaths) is made anew.
+    for name in ["global", "global-no-class", "global-no-driver"] {
+        let _ = classes.delete(name, &DeleteParams::default()).await;
+    }
     let shared_paths = format!(
         "member1={},member2={}",
         shared.join("member1").display(),

@@ -18,7 +18,7 @@ use k8s_openapi::api::authorization::v1::{
     SelfSubjectRulesReview, SelfSubjectRulesReviewSpec, SubjectAccessReview,
     SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -272,6 +272,24 @@ fn claim(
     .expect("claim manifest")
 }
 
+/// A hostPath PV (on a path that holds nothing) pre-bound to `ns/claim`.
+fn pv(
+    name: &str,
+    ns: &str,
+    claim: &str,
+    labels: serde_json::Value,
+    reclaim: &str,
+) -> PersistentVolume {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "no-such-class",
+                 "capacity": {"storage": "1Gi"}, "persistentVolumeReclaimPolicy": reclaim,
+                 "hostPath": {"path": "/nonexistent/least-privilege", "type": "Directory"},
+                 "claimRef": {"namespace": ns, "name": claim}}
+    }))
+    .expect("PV manifest")
+}
+
 fn marked() -> serde_json::Value {
     json!({"app.kubernetes.io/managed-by": "csi-relay"})
 }
@@ -323,14 +341,34 @@ async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
         .create(&pp, &claim("kosmos-copy", json!({}), kosmos.clone()))
         .await
         .expect("Kosmos's unbound copy");
+    // A copy bound to a user's volume (a copy naming a PV the member does
+    // not have is Lost: it holds nothing, and the relay may replace it).
+    let users_pv = format!("{ns}-users-pv");
+    let pvs_admin: Api<PersistentVolume> = Api::all(admin.clone());
+    pvs_admin
+        .create(
+            &pp,
+            &pv(&users_pv, &ns, "kosmos-copy-bound", json!({}), "Retain"),
+        )
+        .await
+        .expect("a user's PV");
     let mut bound = claim("kosmos-copy-bound", json!({}), kosmos.clone());
     if let Some(spec) = bound.spec.as_mut() {
-        spec.volume_name = Some("a-users-pv".into());
+        spec.volume_name = Some(users_pv.clone());
     }
     as_admin
         .create(&pp, &bound)
         .await
         .expect("a bound Kosmos copy");
+    e2e_support::eventually(
+        "the Kosmos copy Bound",
+        std::time::Duration::from_secs(60),
+        || async {
+            let c = as_admin.get("kosmos-copy-bound").await.ok()?;
+            (c.status?.phase.as_deref() == Some("Bound")).then_some(())
+        },
+    )
+    .await;
 
     let dp = DeleteParams::default();
     refused(
@@ -377,6 +415,56 @@ async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
             )
             .await,
     );
+    // PersistentVolumes (shared-storage/): only marked, kept (Retain) and
+    // pre-bound to one claim; never a user's.
+    let pvs_relay: Api<PersistentVolume> = Api::all(relay.clone());
+    refused(
+        "create a PV without the relay's mark",
+        pvs_relay
+            .create(
+                &pp,
+                &pv(&format!("{ns}-unmarked-pv"), &ns, "x", json!({}), "Retain"),
+            )
+            .await,
+    );
+    refused(
+        "create a marked PV whose release deletes the data",
+        pvs_relay
+            .create(
+                &pp,
+                &pv(&format!("{ns}-delete-pv"), &ns, "x", marked(), "Delete"),
+            )
+            .await,
+    );
+    let mut unbound = pv(&format!("{ns}-free-pv"), &ns, "x", marked(), "Retain");
+    if let Some(spec) = unbound.spec.as_mut() {
+        spec.claim_ref = None;
+    }
+    refused(
+        "create a marked PV any claim could bind",
+        pvs_relay.create(&pp, &unbound).await,
+    );
+    refused("delete a user's PV", pvs_relay.delete(&users_pv, &dp).await);
+    let import = format!("{ns}-import-pv");
+    pvs_relay
+        .create(&pp, &pv(&import, &ns, "imported", marked(), "Retain"))
+        .await
+        .expect("the relay creates an import PV");
+    refused(
+        "make the relay's PV delete its data",
+        pvs_relay
+            .patch(
+                &import,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"persistentVolumeReclaimPolicy": "Delete"}})),
+            )
+            .await,
+    );
+    pvs_relay
+        .delete(&import, &dp)
+        .await
+        .expect("the relay deletes its import PV");
+
     let foreign_va: VolumeAttachment = serde_json::from_value(json!({
         "metadata": {"name": format!("{ns}-users-va")},
         "spec": {"attacher": "users.example.com", "nodeName": "member-node-1",
@@ -445,7 +533,13 @@ async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
             "{name} is gone"
         );
     }
+    assert!(
+        pvs_admin.get_opt(&users_pv).await.expect("get").is_some(),
+        "the user's PV is gone"
+    );
     let _ = vas_admin.delete(&format!("{ns}-users-va"), &dp).await;
+    let _ = as_admin.delete("kosmos-copy-bound", &dp).await;
+    let _ = pvs_admin.delete(&users_pv, &dp).await;
     let _ = namespaces.delete(&made, &dp).await;
     let _ = namespaces.delete(&ns, &dp).await;
 }

@@ -206,6 +206,11 @@ async fn check_sharing(
         }
     }
     let (origin, driver) = provisioner?;
+    // A CSI driver's name is a DNS subdomain; others (`example.com/x`)
+    // name in-tree or external provisioners of directories and servers.
+    if !naming::is_dns_subdomain(&driver) {
+        return None;
+    }
     let origin_cluster = reachable.iter().find(|(m, _)| *m == origin)?.1;
     let csi = Api::<CSIDriver>::all(origin_cluster.client());
     match origin_cluster

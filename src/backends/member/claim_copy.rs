@@ -11,8 +11,9 @@
 //! unbound), so nothing uses the copy and the member's PVC protection lets
 //! it go at once.
 //!
-//! An unbound claim holds no data, so replacing it with the relay's own
-//! loses nothing; the mirrored pod then finds the relay's claim under the
+//! An unbound claim holds no data, nor does a Lost one (a copy made after
+//! the host claim bound names the host's PV, which the member lacks), so
+//! replacing it with the relay's own loses nothing; the mirrored pod then finds the relay's claim under the
 //! name it expects. Only a claim Kosmos marked (`kosmos.io/global: "true"`),
 //! that the relay did not make and that nothing bound is replaced: any
 //! other claim of that name is refused, as before.
@@ -37,10 +38,14 @@ const GONE_POLL: Duration = Duration::from_millis(100);
 /// Whether `claim` is a Kosmos copy the relay may replace (see the module
 /// doc).
 pub fn replaceable(claim: &PersistentVolumeClaim) -> bool {
+    let unbound = bound_pv(claim).is_none() && pvc::phase(claim) == "Pending";
+    // A copy made once the host claim was bound names the host's PV, which
+    // the member does not have: Lost, bound to nothing that holds data (the
+    // import of a shared volume finds these).
+    let lost = pvc::phase(claim) == "Lost";
     annotation(claim, KOSMOS_COPY_ANNOTATION) == Some("true")
         && annotation(claim, VOLUME_ID_ANNOTATION).is_none()
-        && bound_pv(claim).is_none()
-        && pvc::phase(claim) == "Pending"
+        && (unbound || lost)
 }
 
 /// Deletes the copy `claim` (only that object: the delete is conditional on
@@ -69,5 +74,37 @@ pub async fn remove(cluster: &Cluster, claim: &PersistentVolumeClaim) -> CsiResu
             }
             Some(_) => tokio::time::sleep(GONE_POLL).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn copy(
+        phase: &str,
+        volume: Option<&str>,
+        annotations: serde_json::Value,
+    ) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "app", "annotations": annotations},
+            "spec": {"volumeName": volume},
+            "status": {"phase": phase}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_kosmos_copies_that_hold_no_data_are_replaceable() {
+        let kosmos = json!({KOSMOS_COPY_ANNOTATION: "true"});
+        assert!(replaceable(&copy("Pending", None, kosmos.clone())));
+        // Copied once the host claim was bound: names the host's PV, Lost.
+        assert!(replaceable(&copy("Lost", Some("pvc-host"), kosmos.clone())));
+        assert!(!replaceable(&copy("Bound", Some("pv-1"), kosmos.clone())));
+        assert!(!replaceable(&copy("Pending", Some("pv-1"), kosmos)));
+        assert!(!replaceable(&copy("Lost", Some("pvc-host"), json!({}))));
+        let ours = json!({KOSMOS_COPY_ANNOTATION: "true", VOLUME_ID_ANNOTATION: "m-x"});
+        assert!(!replaceable(&copy("Pending", None, ours)));
     }
 }
