@@ -370,3 +370,170 @@ pub async fn present(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> C
         .await?
         .is_some_and(|c| pvc::belongs_to(&c, volume_id)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::params::VolumeParams;
+    use crate::domain::volume::{Backing, Lifecycle};
+    use serde_json::json;
+
+    fn at() -> MemberVolume {
+        MemberVolume {
+            member: "east".into(),
+            namespace: "shop".into(),
+            pvc: "data".into(),
+            uuid: "0a1b".into(),
+            selected_node: None,
+        }
+    }
+
+    fn vol() -> Volume {
+        Volume {
+            id: "m-east-0a1b".into(),
+            name: "pvc-1".into(),
+            capacity_bytes: 1 << 30,
+            backing: Backing::Member {
+                member: "east".into(),
+                namespace: "shop".into(),
+                pvc: "data".into(),
+                selected_node: None,
+            },
+            capabilities: vec![],
+            parameters: Default::default(),
+            mutable_parameters: Default::default(),
+            source: None,
+            topology: vec![],
+            context: Default::default(),
+            created_unix: 0,
+            lifecycle: Lifecycle::Ready,
+            ephemeral: false,
+            nodes: Default::default(),
+        }
+    }
+
+    fn sharing(paths: Option<&str>) -> Sharing {
+        Sharing::of(&VolumeParams {
+            shared_with: Some("east,west".into()),
+            shared_paths: paths.map(str::to_string),
+            ..Default::default()
+        })
+        .unwrap()
+        .unwrap()
+    }
+
+    fn origin(source: serde_json::Value, mode: &str) -> PersistentVolume {
+        let mut spec = json!({"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+            "volumeMode": mode, "mountOptions": ["noatime"],
+            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+            "claimRef": {"namespace": "shop", "name": "data", "uid": "u-1"},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": ["east-1"]}]}]}}});
+        for (k, v) in source.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        serde_json::from_value(json!({"metadata": {"name": "pv-east"}, "spec": spec})).unwrap()
+    }
+
+    #[test]
+    fn csi_and_nfs_sources_are_named_as_they_are_and_kept() {
+        for source in [
+            json!({"csi": {"driver": "cephfs.csi.ceph.com", "volumeHandle": "0001-abc",
+                           "volumeAttributes": {"clusterID": "c1"},
+                           "nodeStageSecretRef": {"name": "s", "namespace": "ceph"}}}),
+            json!({"nfs": {"server": "filer", "path": "/exports/a"}}),
+        ] {
+            let pv = pv_manifest(
+                &vol(),
+                &at(),
+                &origin(source.clone(), "Filesystem"),
+                &sharing(None),
+                "west",
+                "relay.csi.dev",
+            )
+            .unwrap();
+            let got = serde_json::to_value(&pv).unwrap();
+            let key = source.as_object().unwrap().keys().next().unwrap().clone();
+            assert_eq!(got["spec"][&key], source[&key], "{got}");
+            assert_eq!(got["spec"]["persistentVolumeReclaimPolicy"], "Retain");
+            assert_eq!(got["spec"]["storageClassName"], "");
+            assert_eq!(
+                got["spec"]["claimRef"],
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "shop", "name": "data"})
+            );
+            assert_eq!(got["spec"]["mountOptions"], json!(["noatime"]));
+            assert_eq!(got["spec"]["accessModes"], json!(["ReadWriteMany"]));
+            assert!(got["spec"].get("nodeAffinity").is_none(), "{got}");
+            assert_eq!(got["metadata"]["name"], "relay-0a1b-import");
+            assert_eq!(got["metadata"]["labels"][IMPORTED_FROM_LABEL], "east");
+        }
+    }
+
+    #[test]
+    fn directories_move_under_the_importing_members_mount_and_block_devices_do_not() {
+        let s = sharing(Some("east=/mnt/e,west=/srv/w"));
+        let local = origin(json!({"local": {"path": "/mnt/e/v/pvc-1"}}), "Filesystem");
+        let pv = pv_manifest(&vol(), &at(), &local, &s, "west", "relay.csi.dev").unwrap();
+        let hp = pv.spec.unwrap().host_path.unwrap();
+        assert_eq!(
+            (hp.path.as_str(), hp.type_.as_deref()),
+            ("/srv/w/v/pvc-1", Some("Directory"))
+        );
+        let block = origin(json!({"local": {"path": "/dev/sdb"}}), "Block");
+        let err = pv_manifest(&vol(), &at(), &block, &s, "west", "relay.csi.dev").unwrap_err();
+        assert!(err.to_string().contains("raw block device"), "{err}");
+        let outside = origin(json!({"hostPath": {"path": "/var/lib/x"}}), "Filesystem");
+        let err = pv_manifest(&vol(), &at(), &outside, &s, "west", "relay.csi.dev").unwrap_err();
+        assert_eq!(
+            crate::grpc::status::CsiCode::code(&err),
+            tonic::Code::FailedPrecondition
+        );
+        assert!(err.to_string().contains("not under /mnt/e"), "{err}");
+        let iscsi = origin(
+            json!({"iscsi": {"targetPortal": "t", "iqn": "i", "lun": 0}}),
+            "Filesystem",
+        );
+        let err = pv_manifest(&vol(), &at(), &iscsi, &s, "west", "relay.csi.dev").unwrap_err();
+        assert!(err.to_string().contains("cannot import"), "{err}");
+    }
+
+    #[test]
+    fn the_claim_binds_the_import_by_name_with_no_class() {
+        let pv = pv_manifest(
+            &vol(),
+            &at(),
+            &origin(json!({"nfs": {"server": "f", "path": "/a"}}), "Filesystem"),
+            &sharing(None),
+            "west",
+            "relay.csi.dev",
+        )
+        .unwrap();
+        let claim = claim_manifest(
+            &at(),
+            &pv,
+            (
+                [(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "csi-relay".to_string(),
+                )]
+                .into(),
+                [(
+                    naming::VOLUME_ID_ANNOTATION.to_string(),
+                    "m-east-0a1b".to_string(),
+                )]
+                .into(),
+            ),
+        );
+        let got = serde_json::to_value(&claim).unwrap();
+        assert_eq!(got["metadata"]["namespace"], "shop");
+        assert_eq!(got["metadata"]["name"], "data");
+        assert_eq!(got["metadata"]["labels"][IMPORTED_FROM_LABEL], "east");
+        assert_eq!(got["spec"]["volumeName"], "relay-0a1b-import");
+        assert_eq!(got["spec"]["storageClassName"], "");
+        assert_eq!(
+            got["spec"]["resources"]["requests"],
+            json!({"storage": "1Gi"})
+        );
+        assert_eq!(got["spec"]["volumeMode"], "Filesystem");
+    }
+}
