@@ -41,6 +41,7 @@ use crate::{common, e2e_support};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
@@ -753,6 +754,29 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         "figure: demo moved {KOSMOS1} -> {KOSMOS2}: the new pod Running in member2 on the import, token read, {} s after the edit",
         seconds(moved)
     );
+    // The RelayVolume: made in member1, used in member2 (its observer
+    // reads the import's claim as the volume's).
+    let host_pvc = format!("{ns}/data");
+    let seen = eventually("the RelayVolume shows member2's pod", WAIT, || async {
+        let rvs = Api::<RelayVolume>::all(host.clone())
+            .list(&ListParams::default())
+            .await
+            .ok()?;
+        let rv = rvs
+            .items
+            .into_iter()
+            .find(|rv| rv.spec.host_pvc.as_deref() == Some(host_pvc.as_str()))?;
+        let entry = rv
+            .status?
+            .nodes?
+            .into_iter()
+            .find(|n| n.node == format!("member2/{MEMBER2_NODE}"))?;
+        (entry.phase.as_deref() == Some("PUBLISHED")).then_some(())?;
+        Some((rv.spec.member?, entry.pods.unwrap_or_default()))
+    })
+    .await;
+    assert_eq!(seen.0, "member1", "the member that made it");
+    assert_eq!(seen.1, [format!("{ns}/{in_member2}")]);
 
     let t = Instant::now();
     ctx.move_to(&ns, KOSMOS1).await;
