@@ -44,12 +44,12 @@ use std::time::{Duration, Instant};
 use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{apply, client, eventually, ScriptedEnv, Sidecar};
+use e2e_support::{apply, client, eventually, pods, ScriptedEnv, Sidecar};
 
 const DRIVER: &str = "relay.csi.dev";
 const IMAGE: &str = "localhost/busybox:1.35";
@@ -163,19 +163,35 @@ fn writer(name: &str, node: &str, mine: &str, theirs: &str) -> Value {
             "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
 }
 
+const APP: &str = "app=global";
+
 async fn file_says(path: &Path, want: &str) {
-    eventually(
-        &format!("{} says {want}", path.display()),
-        WAIT,
-        || async move {
-            let text = std::fs::read_to_string(path).ok()?;
-            (text.trim() == want).then_some(())
-        },
-    )
-    .await;
+    pods::file_says(path, want, WAIT).await
 }
 
 impl Ctx {
+    async fn running_pods(cluster: &Client, ns: &str) -> Vec<String> {
+        pods::running(cluster, ns, APP).await
+    }
+
+    async fn pod_running(&self, cluster: &Client, ns: &str, not: Option<&str>) -> String {
+        pods::one_running(cluster, ns, APP, not, WAIT).await
+    }
+
+    async fn pods_gone(cluster: &Client, ns: &str) {
+        pods::none_left(cluster, ns, APP, WAIT).await
+    }
+
+    async fn attach_error(&self, ns: &str, node: &str) -> String {
+        let pv = pods::host_pv(&self.host, ns, "data").await;
+        pods::attach_error(&self.host, &pv, node, WAIT).await
+    }
+
+    async fn detached(&self, ns: &str, node: &str) {
+        let pv = pods::host_pv(&self.host, ns, "data").await;
+        pods::detached(&self.host, &pv, node, WAIT).await
+    }
+
     async fn namespace(&self, name: &str) -> String {
         let ns = format!("{name}-{}", self.tag);
         e2e_support::admitting_namespace(&self.host, &ns).await;
@@ -193,33 +209,6 @@ impl Ctx {
             )
             .await
             .expect("create host PVC");
-    }
-
-    async fn running_pods(cluster: &Client, ns: &str) -> Vec<String> {
-        let pods: Api<Pod> = Api::namespaced(cluster.clone(), ns);
-        let list = pods
-            .list(&ListParams::default().labels("app=global"))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        list.into_iter()
-            .filter(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
-            .filter_map(|p| p.metadata.name)
-            .collect()
-    }
-
-    /// A pod of `ns` Running in `cluster` other than `not`.
-    async fn pod_running(&self, cluster: &Client, ns: &str, not: Option<&str>) -> String {
-        eventually(&format!("a pod of {ns} Running"), WAIT, || async move {
-            Self::running_pods(cluster, ns)
-                .await
-                .into_iter()
-                .find(|p| Some(p.as_str()) != not)
-        })
-        .await
     }
 
     /// The directory of the volume, from the origin's (member1's) PV.
@@ -271,22 +260,6 @@ impl Ctx {
             .expect("scale the Deployment");
     }
 
-    /// Until no pod of `ns` is left in `cluster`.
-    async fn pods_gone(cluster: &Client, ns: &str) {
-        let pods: Api<Pod> = Api::namespaced(cluster.clone(), ns);
-        eventually(&format!("no pod of {ns}"), WAIT, || {
-            let pods = pods.clone();
-            async move {
-                let list = pods
-                    .list(&ListParams::default().labels("app=global"))
-                    .await
-                    .ok()?;
-                list.items.is_empty().then_some(())
-            }
-        })
-        .await;
-    }
-
     /// Kosmos leaves a virtual node's host pods to the host (no kubelet
     /// ends them): once their member pod is gone they are removed here.
     async fn host_pods_gone(&self, ns: &str) {
@@ -321,15 +294,6 @@ impl Ctx {
                 let _ = host_pods.delete(&name, &now).await;
             }
         }
-    }
-
-    async fn host_pv(&self, ns: &str) -> String {
-        Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
-            .get("data")
-            .await
-            .ok()
-            .and_then(|c| c.spec?.volume_name)
-            .expect("the host claim's PV")
     }
 
     /// The volume's import in member2: (PV, claim) as far as they exist.
@@ -367,48 +331,6 @@ impl Ctx {
                 (pv.is_none() && !claim).then_some(())
             },
         )
-        .await;
-    }
-
-    /// The attach error of `ns/data`'s VolumeAttachment on `node`.
-    async fn attach_error(&self, ns: &str, node: &str) -> String {
-        let pv = self.host_pv(ns).await;
-        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
-        eventually(
-            &format!("the attach error of {ns}/data on {node}"),
-            WAIT,
-            || {
-                let (vas, pv) = (vas.clone(), pv.clone());
-                async move {
-                    let list = vas.list(&ListParams::default()).await.ok()?;
-                    list.items.into_iter().find_map(|va| {
-                        let ours = va.spec.node_name == node
-                            && va.spec.source.persistent_volume_name.as_deref()
-                                == Some(pv.as_str());
-                        let status = va.status.filter(|_| ours)?;
-                        (!status.attached).then_some(())?;
-                        status.attach_error?.message
-                    })
-                }
-            },
-        )
-        .await
-    }
-
-    async fn detached(&self, ns: &str, node: &str) {
-        let pv = self.host_pv(ns).await;
-        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
-        eventually(&format!("{ns}/data detached from {node}"), WAIT, || {
-            let (vas, pv) = (vas.clone(), pv.clone());
-            async move {
-                let list = vas.list(&ListParams::default()).await.ok()?;
-                (!list.items.iter().any(|va| {
-                    va.spec.node_name == node
-                        && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
-                }))
-                .then_some(())
-            }
-        })
         .await;
     }
 
@@ -467,30 +389,6 @@ impl Ctx {
             .delete(ns, &DeleteParams::default())
             .await;
     }
-}
-
-/// Until `node`'s CSINode lists the relay with the member topology key.
-async fn relay_registered(host: &Client, node: &str) {
-    let csinodes: Api<CSINode> = Api::all(host.clone());
-    eventually(&format!("{DRIVER} registered on {node}"), WAIT, || {
-        let csinodes = csinodes.clone();
-        async move {
-            let entry = csinodes
-                .get(node)
-                .await
-                .ok()?
-                .spec
-                .drivers
-                .into_iter()
-                .find(|d| d.name == DRIVER)?;
-            entry
-                .topology_keys?
-                .iter()
-                .any(|k| k == MEMBER_KEY)
-                .then_some(())
-        }
-    })
-    .await;
 }
 
 /// `path` under member1's mount, seen under member2's.
@@ -705,7 +603,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         &node_plugin.path("registrar.log"),
     );
     for node in [KOSMOS1, KOSMOS2, HOST_NODE] {
-        relay_registered(&host, node).await;
+        pods::relay_registered(&host, DRIVER, node, WAIT).await;
     }
 
     // ---- The seed's demo, moved to member2 and back.

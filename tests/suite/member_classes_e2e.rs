@@ -37,12 +37,12 @@ use std::time::{Duration, Instant};
 use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{apply, client, eventually, ScriptedEnv, Sidecar};
+use e2e_support::{apply, client, eventually, pods, ScriptedEnv, Sidecar};
 
 const DRIVER: &str = "relay.csi.dev";
 /// The busybox image the kubelet scripts import on every node.
@@ -158,32 +158,9 @@ impl Ctx {
             .expect("create Deployment");
     }
 
-    /// The names of the Deployment's pods Running in `cluster`.
-    async fn running_pods(cluster: &Client, ns: &str) -> Vec<String> {
-        let pods: Api<Pod> = Api::namespaced(cluster.clone(), ns);
-        let list = pods
-            .list(&ListParams::default().labels("app=demo"))
-            .await
-            .map(|l| l.items)
-            .unwrap_or_default();
-        list.into_iter()
-            .filter(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-            })
-            .filter_map(|p| p.metadata.name)
-            .collect()
-    }
-
     /// A pod of the Deployment Running in `cluster` other than `not`.
     async fn pod_running(&self, cluster: &Client, ns: &str, not: Option<&str>) -> String {
-        eventually(&format!("a pod of {ns}/app Running"), WAIT, || async move {
-            Self::running_pods(cluster, ns)
-                .await
-                .into_iter()
-                .find(|p| Some(p.as_str()) != not)
-        })
-        .await
+        pods::one_running(cluster, ns, "app=demo", not, WAIT).await
     }
 
     /// The member claim `ns/data` Bound by the relay: its PV.
@@ -230,15 +207,7 @@ impl Ctx {
     }
 
     async fn file_says(path: &Path, want: &str) {
-        eventually(
-            &format!("{} says {want}", path.display()),
-            WAIT,
-            || async move {
-                let text = std::fs::read_to_string(path).ok()?;
-                (text.trim() == want).then_some(())
-            },
-        )
-        .await;
+        pods::file_says(path, want, WAIT).await
     }
 
     /// `kubectl rollout restart deployment/app`.
@@ -424,59 +393,18 @@ impl Ctx {
             .expect("map the host node");
     }
 
-    /// The host PV of `ns/data`.
-    async fn host_pv(&self, ns: &str) -> String {
-        Api::<PersistentVolumeClaim>::namespaced(self.host.clone(), ns)
-            .get("data")
-            .await
-            .ok()
-            .and_then(|c| c.spec?.volume_name)
-            .expect("the host claim's PV")
-    }
-
     /// Until the host's attach/detach controller has detached `ns/data`
-    /// from the host node (its VolumeAttachment gone): a pod started before
-    /// would reuse the attachment and never ask the relay again.
+    /// from the host node.
     async fn detached(&self, ns: &str) {
-        let pv = self.host_pv(ns).await;
-        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
-        eventually(
-            &format!("{ns}/data detached from {HOST_NODE}"),
-            WAIT,
-            || {
-                let (vas, pv) = (vas.clone(), pv.clone());
-                async move {
-                    let list = vas.list(&ListParams::default()).await.ok()?;
-                    (!list.items.iter().any(|va| {
-                        va.spec.node_name == HOST_NODE
-                            && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
-                    }))
-                    .then_some(())
-                }
-            },
-        )
-        .await;
+        let pv = pods::host_pv(&self.host, ns, "data").await;
+        pods::detached(&self.host, &pv, HOST_NODE, WAIT).await
     }
 
     /// The attach error of the VolumeAttachment of `ns/data`'s PV on the
     /// host node.
     async fn attach_error(&self, ns: &str) -> String {
-        let pv = self.host_pv(ns).await;
-        let vas: Api<VolumeAttachment> = Api::all(self.host.clone());
-        eventually(&format!("the attach error of {ns}/data"), WAIT, || {
-            let (vas, pv) = (vas.clone(), pv.clone());
-            async move {
-                let list = vas.list(&ListParams::default()).await.ok()?;
-                list.items.into_iter().find_map(|va| {
-                    let ours = va.spec.node_name == HOST_NODE
-                        && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str());
-                    let status = va.status.filter(|_| ours)?;
-                    (!status.attached).then_some(())?;
-                    status.attach_error?.message
-                })
-            }
-        })
-        .await
+        let pv = pods::host_pv(&self.host, ns, "data").await;
+        pods::attach_error(&self.host, &pv, HOST_NODE, WAIT).await
     }
 
     /// No container of the Deployment's pods in `ns` has started.
@@ -506,30 +434,6 @@ impl Ctx {
             }
         }
     }
-}
-
-/// Until `node`'s CSINode lists the relay with the member topology key.
-async fn relay_registered(host: &Client, node: &str) {
-    let csinodes: Api<CSINode> = Api::all(host.clone());
-    eventually(&format!("{DRIVER} registered on {node}"), WAIT, || {
-        let csinodes = csinodes.clone();
-        async move {
-            let entry = csinodes
-                .get(node)
-                .await
-                .ok()?
-                .spec
-                .drivers
-                .into_iter()
-                .find(|d| d.name == DRIVER)?;
-            entry
-                .topology_keys?
-                .iter()
-                .any(|k| k == "topology.relay.csi.dev/member")
-                .then_some(())
-        }
-    })
-    .await;
 }
 
 struct Prerequisites {
@@ -672,8 +576,8 @@ async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
         ],
         &node_plugin.path("registrar.log"),
     );
-    relay_registered(&host, KOSMOS_NODE).await;
-    relay_registered(&host, HOST_NODE).await;
+    pods::relay_registered(&host, DRIVER, KOSMOS_NODE, WAIT).await;
+    pods::relay_registered(&host, DRIVER, HOST_NODE, WAIT).await;
 
     // On the Kosmos node, every class at once.
     let kosmos_runs = futures::future::join_all(CLASSES.iter().map(|c| ctx.on_kosmos(*c))).await;

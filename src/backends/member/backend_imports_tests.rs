@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use tonic::Code;
 
 use super::super::*;
-use crate::domain::capability::{AccessMode, AccessType, Capability};
+use crate::domain::capability::{AccessMode, Capability};
 use crate::domain::volume::{Attachment, Lifecycle, NodeRecord, Progress};
 use crate::grpc::status::CsiCode;
 use crate::k8s::testing::{self, MockApi};
@@ -53,14 +53,7 @@ fn shared_params(mode_paths: bool) -> BTreeMap<String, String> {
 }
 
 fn cap(mode: AccessMode) -> Capability {
-    Capability {
-        mode,
-        access: AccessType::Mount {
-            fs_type: String::new(),
-            mount_flags: vec![],
-            volume_mount_group: String::new(),
-        },
-    }
+    Capability::mount(mode)
 }
 
 fn shared_volume(b: &MemberBackend, mode: AccessMode) -> Volume {

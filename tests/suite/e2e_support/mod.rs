@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod fault_proxy;
+pub mod pods;
 
 use std::time::{Duration, Instant};
 
