@@ -209,6 +209,15 @@ pub trait Backend: Send + Sync + 'static {
     /// backend finds missing on the way is FAILED_PRECONDITION.
     async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()>;
 
+    /// What the created volume's context gets beyond its placement's, once
+    /// `create_volume` succeeded: facts only known then (the member
+    /// backend: where a shared volume's data is, for imports made while
+    /// the member that made it is lost). The CO keeps the context in the
+    /// host PV, which no one changes afterwards.
+    async fn created_context(&self, _vol: &Volume) -> CsiResult<BTreeMap<String, String>> {
+        Ok(BTreeMap::new())
+    }
+
     /// Ids of storage an earlier build made ahead and left, once, at
     /// start-up (see `pool_leftovers`).
     fn premade_leftovers(&self) -> Vec<String> {

@@ -681,6 +681,31 @@ impl Backend for MemberBackend {
         })
     }
 
+    /// A shared volume's origin PV as an import needs it, once its claim is
+    /// Bound (a member class that binds at once: CreateVolume waited for
+    /// it); nothing for one that binds later.
+    async fn created_context(&self, vol: &Volume) -> CsiResult<BTreeMap<String, String>> {
+        if sharing_of(&decode_volume_params(vol)?)?.is_none() {
+            return Ok(BTreeMap::new());
+        }
+        let at = MemberVolume::of(vol)?;
+        let cluster = self.cluster(&at.member)?;
+        let Some(claim) = pvc::owned(cluster, &at, &vol.id).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let Some(pv) = (match (pvc::phase(&claim), pvc::bound_pv(&claim)) {
+            ("Bound", Some(name)) => pvc::get_pv(cluster, name).await?,
+            _ => None,
+        }) else {
+            return Ok(BTreeMap::new());
+        };
+        Ok([(
+            import::SHARED_SOURCE_KEY.to_string(),
+            import::recorded(&pv)?,
+        )]
+        .into())
+    }
+
     /// The host PVC the request named (external-provisioner's
     /// `--extra-create-metadata`) is gone, or its name is now another
     /// claim's: the provisioner names a volume `pvc-<claim uid>`, and no

@@ -2,6 +2,8 @@
 //! shared volume in, the import there, its release, and the single-writer
 //! rule across members.
 
+use k8s_openapi::api::core::v1::PersistentVolume;
+
 use super::*;
 
 impl MemberBackend {
@@ -106,16 +108,18 @@ impl MemberBackend {
         Ok(())
     }
 
-    /// Makes the import of `vol` in member `to` from the origin's bound PV.
-    async fn import_into(
+    /// The origin's PV: as its member shows it, or, with that member
+    /// declared lost, as the host PV's context recorded it at CreateVolume.
+    async fn origin_pv(
         &self,
         vol: &Volume,
         origin: &MemberVolume,
-        sharing: &Sharing,
         to: &str,
-    ) -> CsiResult<()> {
+    ) -> CsiResult<PersistentVolume> {
+        if self.is_lost(&origin.member) {
+            return self.recorded_origin(vol, &origin.member).await;
+        }
         let from = self.cluster(&origin.member)?;
-        let target = self.cluster(to)?;
         let label = from.label();
         let path = origin.pvc_path();
         let claim = pvc::owned(from, origin, &vol.id).await?.ok_or_else(|| {
@@ -132,11 +136,64 @@ impl MemberBackend {
                 )))
             }
         };
-        let pv = pvc::get_pv(from, &pv_name).await?.ok_or_else(|| {
+        pvc::get_pv(from, &pv_name).await?.ok_or_else(|| {
             CsiError::Unavailable(format!(
                 "{label}: PersistentVolume {pv_name} bound to {path} is not visible yet; retry"
             ))
+        })
+    }
+
+    /// The origin PV a lost member held, from the host PV's volume
+    /// attributes: written by the CO from CreateVolume's answer and
+    /// immutable since (the RelayVolume's copy is editable, so not used).
+    async fn recorded_origin(&self, vol: &Volume, lost: &str) -> CsiResult<PersistentVolume> {
+        let refuse = |why: String| {
+            CsiError::FailedPrecondition(format!(
+                "member cluster {lost}, which made volume {}, is declared lost (--lost-member {lost}), and {why}",
+                vol.id
+            ))
+        };
+        let host = self.host.as_ref().ok_or_else(|| {
+            refuse("no host cluster is configured to read its PersistentVolume from".into())
         })?;
+        let params = decode_volume_params(vol)?;
+        let name = params.pv_name.clone().unwrap_or_else(|| vol.name.clone());
+        let pv = host
+            .fetch(
+                &format!("get PersistentVolume {name}"),
+                Api::<PersistentVolume>::all(host.client()).get(&name),
+            )
+            .await?
+            .ok_or_else(|| refuse(format!("its host PersistentVolume {name} is gone")))?;
+        let csi = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .filter(|c| c.driver == self.driver_name && c.volume_handle == vol.id)
+            .ok_or_else(|| refuse(format!("host PersistentVolume {name} is not this volume's")))?;
+        let text = csi
+            .volume_attributes
+            .as_ref()
+            .and_then(|a| a.get(import::SHARED_SOURCE_KEY))
+            .ok_or_else(|| refuse(format!(
+                "host PersistentVolume {name} records no shared source ({}): its member class bound the claim only after CreateVolume answered, so where the data lies was never recorded",
+                import::SHARED_SOURCE_KEY
+            )))?;
+        import::from_recorded(text)
+            .map_err(|why| refuse(format!("its recorded shared source is unreadable: {why}")))
+    }
+
+    /// Makes the import of `vol` in member `to` from the origin's bound PV.
+    async fn import_into(
+        &self,
+        vol: &Volume,
+        origin: &MemberVolume,
+        sharing: &Sharing,
+        to: &str,
+    ) -> CsiResult<()> {
+        let target = self.cluster(to)?;
+        let path = origin.pvc_path();
+        let pv = self.origin_pv(vol, origin, to).await?;
         let params = decode_volume_params(vol)?;
         let wanted = import::pv_manifest(vol, origin, &pv, sharing, to, &self.driver_name)?;
         let claim = import::claim_manifest(

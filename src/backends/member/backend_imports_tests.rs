@@ -434,3 +434,111 @@ async fn a_requisite_of_another_sharing_member_is_served() {
             .unwrap_err();
     assert_eq!(err.code(), Code::ResourceExhausted, "{err}");
 }
+
+/// CreateVolume of a shared volume records where its data lies, once
+/// bound; a volume of one member records nothing.
+#[tokio::test(start_paused = true)]
+async fn a_bound_shared_volume_records_its_source_in_its_context() {
+    let Clusters { b, mut east, .. } = clusters();
+    let vol = shared_volume(&b, AccessMode::SingleNodeWriter);
+    let (got, ()) = tokio::join!(b.created_context(&vol), async {
+        east.expect("GET", &format!("{PVCS}/data"))
+            .await
+            .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+        east.expect("GET", "/api/v1/persistentvolumes/pvc-e1")
+            .await
+            .ok(origin_pv());
+    });
+    let got = got.unwrap();
+    let pv = import::from_recorded(&got[import::SHARED_SOURCE_KEY]).unwrap();
+    let spec = pv.spec.unwrap();
+    assert_eq!(
+        spec.host_path.unwrap().path,
+        "/mnt/east/vols/pvc-e1_relay_data"
+    );
+    assert!(spec.node_affinity.is_none() && spec.claim_ref.is_none());
+    let (got, ()) = tokio::join!(b.created_context(&vol), async {
+        east.expect("GET", &format!("{PVCS}/data"))
+            .await
+            .ok(claim_of(&vol, "Pending", None));
+    });
+    assert!(
+        got.unwrap().is_empty(),
+        "a claim that binds later: nothing yet"
+    );
+    let mut single = vol.clone();
+    single.parameters.remove("sharedWith");
+    single.parameters.remove("sharedPaths");
+    assert!(b.created_context(&single).await.unwrap().is_empty());
+}
+
+/// With the member that made it declared lost, the import is made from
+/// what the host PV recorded; the lost member is never asked.
+#[tokio::test(start_paused = true)]
+async fn a_lost_origin_is_imported_from_the_host_pvs_record() {
+    let (e, _east) = testing::member("east");
+    let (w, mut west) = testing::member("west");
+    let (h, mut host) = testing::host();
+    let b = MemberBackend::new(vec![e, w], Some(h), "relay.csi.dev")
+        .with_lost_members(["east".to_string()]);
+    let mut vol = shared_volume(&b, AccessMode::SingleNodeWriter);
+    on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
+    let recorded = import::recorded(&serde_json::from_value(origin_pv()).unwrap()).unwrap();
+    let host_pv = |attributes: Value| {
+        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pvc-77"},
+               "spec": {"csi": {"driver": "relay.csi.dev", "volumeHandle": vol.id,
+                                "volumeAttributes": attributes}}})
+    };
+    // Nothing recorded: refused, saying why.
+    let (result, ()) = tokio::join!(b.attach(&vol, "host-w"), async {
+        host.expect("GET", "/api/v1/nodes/host-w")
+            .await
+            .ok(host_node("host-w", "west", "west-1"));
+        host.expect("GET", "/api/v1/persistentvolumes/pvc-77")
+            .await
+            .ok(host_pv(json!({})));
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(
+        err.to_string().contains("records no shared source"),
+        "{err}"
+    );
+
+    let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
+    let (result, (), ()) = tokio::join!(
+        b.attach(&vol, "host-w"),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-w")
+                .await
+                .ok(host_node("host-w", "west", "west-1"));
+            host.expect("GET", "/api/v1/persistentvolumes/pvc-77")
+                .await
+                .ok(host_pv(json!({import::SHARED_SOURCE_KEY: recorded})));
+            host.expect("GET", "/api/v1/nodes/host-w")
+                .await
+                .ok(host_node("host-w", "west", "west-1"));
+        },
+        async {
+            let made = west.expect("POST", "/api/v1/persistentvolumes").await;
+            assert_eq!(
+                made.body["spec"]["hostPath"]["path"],
+                "/mnt/west/vols/pvc-e1_relay_data"
+            );
+            let pv = made.body.clone();
+            made.created();
+            west.expect("POST", PVCS).await.created();
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
+            west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+                .await
+                .ok(pv);
+            west.expect_idle().await;
+        }
+    );
+    assert_eq!(result.unwrap()[source::MEMBER], "west");
+}

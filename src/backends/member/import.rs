@@ -28,6 +28,55 @@ use crate::k8s::naming::{self, MemberVolume};
 /// Label on an import's PV and claim: the member that made the volume.
 pub const IMPORTED_FROM_LABEL: &str = "relay.csi.dev/imported-from";
 
+/// Volume context key: the origin PV's source as an import needs it
+/// (JSON), kept by the CO in the host PV from CreateVolume on, so a member
+/// can import the volume while the one that made it is lost.
+pub const SHARED_SOURCE_KEY: &str = "relay.csi.dev/shared-source";
+
+/// Longest recorded source taken back (it is read from a host PV).
+const MAX_RECORDED: usize = 16 * 1024;
+
+/// What an import needs of the origin's PV, as JSON.
+pub fn recorded(pv: &PersistentVolume) -> CsiResult<String> {
+    let spec = pv.spec.clone().unwrap_or_default();
+    let kept = PersistentVolume {
+        metadata: ObjectMeta {
+            name: pv.metadata.name.clone(),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            capacity: spec.capacity,
+            access_modes: spec.access_modes,
+            volume_mode: spec.volume_mode,
+            mount_options: spec.mount_options,
+            csi: spec.csi,
+            nfs: spec.nfs,
+            host_path: spec.host_path,
+            local: spec.local,
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let text = serde_json::to_string(&kept)
+        .map_err(|e| CsiError::Internal(format!("encode the shared source: {e}")))?;
+    if text.len() > MAX_RECORDED {
+        return Err(CsiError::FailedPrecondition(format!(
+            "PersistentVolume {} describes its source in {} bytes, more than the {MAX_RECORDED} a shared volume's context keeps",
+            pv.metadata.name.as_deref().unwrap_or_default(),
+            text.len()
+        )));
+    }
+    Ok(text)
+}
+
+/// The origin's PV as `recorded` kept it.
+pub fn from_recorded(text: &str) -> Result<PersistentVolume, String> {
+    if text.len() > MAX_RECORDED {
+        return Err(format!("{} bytes, more than {MAX_RECORDED}", text.len()));
+    }
+    serde_json::from_str(text).map_err(|e| e.to_string())
+}
+
 /// The import PV's name, the same in every member that imports the volume.
 pub fn pv_name(uuid: &str) -> String {
     format!("relay-{uuid}-import")

@@ -259,7 +259,14 @@ pub async fn create_volume(
         d.note_failure(&vol, "CreateVolume", &e).await;
         return Err(e);
     }
-    let vol = state::provisioned(&vol);
+    let mut vol = state::provisioned(&vol);
+    match d.backend.created_context(&vol).await {
+        Ok(extra) => vol.context.extend(extra),
+        Err(e) => {
+            d.note_failure(&vol, "CreateVolume", &e).await;
+            return Err(e);
+        }
+    }
     // Local data renamed into place witnesses the creation: start-up turns
     // a `Provisioning` record whose data is there into `Ready`.
     d.put_outcome(&vol).await?;
