@@ -622,6 +622,19 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     let dir = ctx.origin_dir(&ns).await;
     let dir2 = through_member2(&dir, &shared);
     file_says(&dir.join("token"), &token).await;
+    // The host PV keeps where the data lies, for imports made while
+    // member1 is lost.
+    let host_pv = Api::<PersistentVolume>::all(host.clone())
+        .get(&pods::host_pv(&host, &ns, "data").await)
+        .await
+        .expect("the host PV");
+    let recorded = host_pv
+        .spec
+        .and_then(|s| s.csi)
+        .and_then(|c| c.volume_attributes)
+        .and_then(|a| a.get("relay.csi.dev/shared-source").cloned())
+        .expect("the shared source in the host PV's attributes");
+    assert!(recorded.contains(&dir.display().to_string()), "{recorded}");
     println!(
         "figure: demo on {KOSMOS1}: pod Running in member1 {} s after apply",
         seconds(t.elapsed())
