@@ -49,7 +49,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{apply, client, eventually, pods, ScriptedEnv, Sidecar};
+use e2e_support::demo_relay::{DemoRelay, Prerequisites};
+use e2e_support::{apply, client, eventually, pods, ScriptedEnv};
 
 const DRIVER: &str = "relay.csi.dev";
 const IMAGE: &str = "localhost/busybox:1.35";
@@ -64,36 +65,6 @@ const MEMBER_CLASS: &str = "shared-local-path";
 const MEMBER_KEY: &str = "topology.relay.csi.dev/member";
 const MEMBER_NODE_KEY: &str = "topology.relay.csi.dev/member-node";
 const IMPORTED_FROM: &str = "relay.csi.dev/imported-from";
-
-struct Prerequisites {
-    env: e2e_support::Env,
-    e2e_home: PathBuf,
-    sidecars: PathBuf,
-}
-
-fn prerequisites() -> Result<Prerequisites, String> {
-    let env = e2e_support::env().ok_or("no clusters: set RELAY_E2E_*")?;
-    let sidecars = PathBuf::from(
-        std::env::var("RELAY_E2E_SIDECARS").map_err(|_| "no sidecars: set RELAY_E2E_SIDECARS")?,
-    );
-    let e2e_home = e2e_support::kubelet_node_home(
-        &[
-            "clustertree-cluster-manager",
-            "provisioner-localpv",
-            "local-path-provisioner",
-            "csi-node-driver-registrar",
-        ],
-        &["glusterd", "glusterfs", "gluster"],
-    )?;
-    if !e2e_home.join("kosmos-crds").is_dir() {
-        return Err("no Kosmos CRDs ($E2E_HOME/kosmos-crds)".into());
-    }
-    Ok(Prerequisites {
-        env,
-        e2e_home,
-        sidecars,
-    })
-}
 
 /// Runs `tests/kosmos/shared-down.sh RUN` when dropped (before the Kosmos
 /// environment's own down script, declared earlier).
@@ -402,7 +373,7 @@ fn through_member2(path: &Path, shared: &Path) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stateful_pod_moves_between_members_with_its_data() {
     let _alone = common::alone();
-    let pre = match prerequisites() {
+    let pre = match Prerequisites::of(&["glusterd", "glusterfs", "gluster"]) {
         Ok(p) => p,
         Err(why) => {
             common::skip(&why);
@@ -536,72 +507,15 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     for name in ["global-no-class", "global-no-driver"] {
         let _ = classes.delete(name, &DeleteParams::default()).await;
     }
-    let relay = common::Driver::start_as(
-        "controller",
-        &[
-            "--mode",
-            "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member1,
-            "--member",
-            &member2,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
-            "--virtual-node-registrar",
-            "--virtual-node-attach",
-            "--housekeeping-interval",
-            "5",
-        ],
+    let relay = DemoRelay::start(
+        env,
+        &pre.sidecars,
+        &[member1, member2],
+        &["--virtual-node-attach"],
+        &demo,
+        "member1",
     )
     .await;
-    let args =
-        |extra: &[&str]| e2e_support::sidecar_args(&relay.socket, &env.host_kubeconfig, extra);
-    let _provisioner = Sidecar::start(
-        &pre.sidecars.join("csi-provisioner"),
-        &args(&[
-            "--extra-create-metadata",
-            "--feature-gates=Topology=true",
-            "--strict-topology",
-        ]),
-        &relay.path("csi-provisioner.log"),
-    );
-    let _attacher = Sidecar::start(
-        &pre.sidecars.join("csi-attacher"),
-        &args(&[]),
-        &relay.path("csi-attacher.log"),
-    );
-    let node_args = [
-        "--mode".to_string(),
-        "node".into(),
-        "--backend".into(),
-        "member".into(),
-        "--node-member".into(),
-        "member1".into(),
-        "--host-kubeconfig".into(),
-        env.host_kubeconfig.clone(),
-        "--plugins-dir".into(),
-        demo.join("member-plugins").display().to_string(),
-    ];
-    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
-    let node_plugin = common::Driver::start_as(HOST_NODE, &node_args).await;
-    let _registrar = Sidecar::start(
-        &pre.sidecars.join("csi-node-driver-registrar"),
-        &[
-            format!("--csi-address={}", node_plugin.socket.display()),
-            format!(
-                "--kubelet-registration-path={}",
-                node_plugin.socket.display()
-            ),
-            format!(
-                "--plugin-registration-path={}",
-                demo.join("lab/kubelet/plugins_registry").display()
-            ),
-            "-v=3".into(),
-        ],
-        &node_plugin.path("registrar.log"),
-    );
     for node in [KOSMOS1, KOSMOS2, HOST_NODE] {
         pods::relay_registered(&host, DRIVER, node, WAIT).await;
     }
@@ -828,6 +742,5 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     ctx.delete_and_check_nothing_left(&ns, [dir, dir2]).await;
 
     let _ = classes.delete("global", &DeleteParams::default()).await;
-    drop(node_plugin);
     drop(relay);
 }

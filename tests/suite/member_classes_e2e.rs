@@ -42,7 +42,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
-use e2e_support::{apply, client, eventually, pods, ScriptedEnv, Sidecar};
+use e2e_support::demo_relay::{DemoRelay, Prerequisites};
+use e2e_support::{apply, client, eventually, pods, ScriptedEnv};
 
 const DRIVER: &str = "relay.csi.dev";
 /// The busybox image the kubelet scripts import on every node.
@@ -436,40 +437,10 @@ impl Ctx {
     }
 }
 
-struct Prerequisites {
-    env: e2e_support::Env,
-    e2e_home: PathBuf,
-    sidecars: PathBuf,
-}
-
-fn prerequisites() -> Result<Prerequisites, String> {
-    let env = e2e_support::env().ok_or("no clusters: set RELAY_E2E_*")?;
-    let sidecars = PathBuf::from(
-        std::env::var("RELAY_E2E_SIDECARS").map_err(|_| "no sidecars: set RELAY_E2E_SIDECARS")?,
-    );
-    let e2e_home = e2e_support::kubelet_node_home(
-        &[
-            "clustertree-cluster-manager",
-            "provisioner-localpv",
-            "local-path-provisioner",
-            "csi-node-driver-registrar",
-        ],
-        &[],
-    )?;
-    if !e2e_home.join("kosmos-crds").is_dir() {
-        return Err("no Kosmos CRDs ($E2E_HOME/kosmos-crds)".into());
-    }
-    Ok(Prerequisites {
-        env,
-        e2e_home,
-        sidecars,
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
     let _alone = common::alone();
-    let pre = match prerequisites() {
+    let pre = match Prerequisites::of(&[]) {
         Ok(p) => p,
         Err(why) => {
             common::skip(&why);
@@ -507,75 +478,9 @@ async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
     }
 
     // The controller, as deploy/ runs it (the relay's own member identity),
-    // and the stock sidecars with deploy/'s flags.
+    // the stock sidecars with deploy/'s flags, and demo-kl-1's node plugin.
     let member1 = format!("member1={}", env.relay_member_kubeconfig);
-    let relay = common::Driver::start_as(
-        "controller",
-        &[
-            "--mode",
-            "controller",
-            "--backend",
-            "member",
-            "--member",
-            &member1,
-            "--host-kubeconfig",
-            &env.host_kubeconfig,
-            "--virtual-node-registrar",
-            "--housekeeping-interval",
-            "5",
-        ],
-    )
-    .await;
-    let args =
-        |extra: &[&str]| e2e_support::sidecar_args(&relay.socket, &env.host_kubeconfig, extra);
-    let _provisioner = Sidecar::start(
-        &pre.sidecars.join("csi-provisioner"),
-        &args(&[
-            "--extra-create-metadata",
-            "--feature-gates=Topology=true",
-            "--strict-topology",
-        ]),
-        &relay.path("csi-provisioner.log"),
-    );
-    let _attacher = Sidecar::start(
-        &pre.sidecars.join("csi-attacher"),
-        &args(&[]),
-        &relay.path("csi-attacher.log"),
-    );
-    // The node plugin of demo-kl-1, registered with its kubelet.
-    let mut node_args = vec![
-        "--mode".to_string(),
-        "node".into(),
-        "--backend".into(),
-        "member".into(),
-        "--node-member".into(),
-        "member1".into(),
-        "--host-kubeconfig".into(),
-        env.host_kubeconfig.clone(),
-        "--plugins-dir".into(),
-        demo.join("member-plugins").display().to_string(),
-    ];
-    if let Ok(kubeconfig) = std::env::var("RELAY_E2E_MEMBER_RELAY_NODE_KUBECONFIG") {
-        node_args.extend(["--member".into(), format!("member1={kubeconfig}")]);
-    }
-    let node_args: Vec<&str> = node_args.iter().map(String::as_str).collect();
-    let node_plugin = common::Driver::start_as(HOST_NODE, &node_args).await;
-    let _registrar = Sidecar::start(
-        &pre.sidecars.join("csi-node-driver-registrar"),
-        &[
-            format!("--csi-address={}", node_plugin.socket.display()),
-            format!(
-                "--kubelet-registration-path={}",
-                node_plugin.socket.display()
-            ),
-            format!(
-                "--plugin-registration-path={}",
-                demo.join("lab/kubelet/plugins_registry").display()
-            ),
-            "-v=3".into(),
-        ],
-        &node_plugin.path("registrar.log"),
-    );
+    let relay = DemoRelay::start(env, &pre.sidecars, &[member1], &[], &demo, "member1").await;
     pods::relay_registered(&host, DRIVER, KOSMOS_NODE, WAIT).await;
     pods::relay_registered(&host, DRIVER, HOST_NODE, WAIT).await;
 
@@ -666,6 +571,5 @@ async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
             .delete(&class.host_class(), &DeleteParams::default())
             .await;
     }
-    drop(node_plugin);
     drop(relay);
 }

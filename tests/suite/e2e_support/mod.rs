@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod demo_relay;
 pub mod fault_proxy;
 pub mod pods;
 
