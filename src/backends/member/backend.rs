@@ -448,9 +448,7 @@ impl MemberBackend {
         }
         Ok(())
     }
-}
 
-impl MemberBackend {
     /// Detaches what the relay attached for `node_id` in `at.member`.
     async fn detach_in(
         &self,
@@ -459,7 +457,6 @@ impl MemberBackend {
         at: &MemberVolume,
         context: Option<&BTreeMap<String, String>>,
     ) -> CsiResult<()> {
-        let at = at.clone();
         if self.is_lost(&at.member) {
             // Nothing of a lost member can be detached: the host node is
             // released, whatever the member still holds.
@@ -475,12 +472,12 @@ impl MemberBackend {
             },
             // What was attached is not known: an attach that was refused,
             // failed or cut short, or a record rebuilt from its RelayVolume.
-            Some(_) => match self.attachment_for(cluster, &at, node_id).await? {
+            Some(_) => match self.attachment_for(cluster, at, node_id).await? {
                 Some(name) => name,
                 None => return Ok(()),
             },
         };
-        if let Some(holder) = self.other_holder(cluster, vol, &at, node_id, &name).await? {
+        if let Some(holder) = self.other_holder(cluster, vol, at, node_id, &name).await? {
             tracing::info!(volume_id = %vol.id, node_id, attachment = %name, holder = %holder, "member attachment kept: another host node mapped to the same member node still holds it");
             return Ok(());
         }
