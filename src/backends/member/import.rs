@@ -408,18 +408,6 @@ pub async fn remove(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
     Ok(())
 }
 
-/// Whether `cluster` holds any part of the import (claim or PV).
-pub async fn present(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> CsiResult<bool> {
-    if let Some(pv) = pvc::get_pv(cluster, &pv_name(&at.uuid)).await? {
-        if is_ours(&pv.metadata, at) {
-            return Ok(true);
-        }
-    }
-    Ok(pvc::get(cluster, &at.namespace, &at.pvc)
-        .await?
-        .is_some_and(|c| pvc::belongs_to(&c, volume_id)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
