@@ -372,6 +372,7 @@ async fn delete_removes_imports_before_the_data() {
     } = clusters();
     let vol = shared_volume(&b, AccessMode::MultiNodeMultiWriter);
     let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
+    let west_done = std::sync::atomic::AtomicBool::new(false);
     let (result, (), ()) = tokio::join!(
         b.delete_volume(&vol),
         async {
@@ -384,10 +385,15 @@ async fn delete_removes_imports_before_the_data() {
             west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
                 .await
                 .not_found();
+            west_done.store(true, std::sync::atomic::Ordering::SeqCst);
             west.expect_idle().await;
         },
         async {
             let get = east.expect("GET", &format!("{PVCS}/data")).await;
+            assert!(
+                west_done.load(std::sync::atomic::Ordering::SeqCst),
+                "the origin's claim is looked at only once the import is gone"
+            );
             get.ok(claim_of(&vol, "Bound", Some("pvc-e1")));
             east.expect("DELETE", &format!("{PVCS}/data"))
                 .await
@@ -541,4 +547,55 @@ async fn a_lost_origin_is_imported_from_the_host_pvs_record() {
         }
     );
     assert_eq!(result.unwrap()[source::MEMBER], "west");
+}
+
+/// A PV of the import's name that is not the relay's import of this
+/// volume is never adopted: ALREADY_EXISTS, and no claim is made.
+#[tokio::test(start_paused = true)]
+async fn a_foreign_pv_under_the_imports_name_is_refused() {
+    let (w, mut west) = testing::member("west");
+    let vol = shared_volume(&clusters().b, AccessMode::SingleNodeWriter);
+    let at = MemberVolume::of(&vol).unwrap();
+    let sharing = Sharing::of(
+        &params::decode(&vol.parameters.clone().into_iter().collect(), "parameters").unwrap(),
+    )
+    .unwrap()
+    .unwrap();
+    let pv = import::pv_manifest(
+        &vol,
+        &at,
+        &serde_json::from_value(origin_pv()).unwrap(),
+        &sharing,
+        "west",
+        "relay.csi.dev",
+    )
+    .unwrap();
+    let claim = import::claim_manifest(&at, &pv, Default::default());
+    let (result, ()) = tokio::join!(
+        import::ensure(
+            &w,
+            &at,
+            &pv,
+            &claim,
+            &vol.id,
+            std::time::Duration::from_secs(8)
+        ),
+        async {
+            west.expect("POST", "/api/v1/persistentvolumes")
+                .await
+                .already_exists();
+            let mut theirs = pv.clone();
+            theirs.metadata.labels = None;
+            west.expect(
+                "GET",
+                &format!("/api/v1/persistentvolumes/{}", import::pv_name(&at.uuid)),
+            )
+            .await
+            .ok(serde_json::to_value(&theirs).unwrap());
+            west.expect_idle().await;
+        }
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    assert!(err.to_string().contains("never adopts"), "{err}");
 }
