@@ -129,6 +129,15 @@ pub struct ServeArgs {
     #[arg(long = "lost-member", value_name = "NAME", value_parser = crate::k8s::naming::parse_member_name)]
     pub lost_members: Vec<String>,
 
+    /// A member declared lost (--lost-member NAME) that may come back, and
+    /// the kubeconfig that reaches it (repeatable). As long as it stays
+    /// declared lost, the leading controller asks it every 3 s and deletes,
+    /// without grace, every pod there that uses a shared volume (sharedWith
+    /// names it): another member writes that volume now. Nothing else is
+    /// done there, and no data is deleted. Needs pod list and delete there.
+    #[arg(long = "fence-member", value_name = "NAME=KUBECONFIG", value_parser = crate::k8s::connect::parse_member)]
+    pub fence_members: Vec<crate::k8s::connect::MemberArg>,
+
     /// Kubeconfig of the host cluster, where the member backend keeps its
     /// RelayVolume objects and looks up nodes. Default: in-cluster config.
     #[arg(long, value_name = "PATH")]

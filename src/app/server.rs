@@ -202,6 +202,10 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     .map_err(StartError::Config)?;
                 member_watches.push((m.name.clone(), client));
             }
+            let mut fences = Vec::new();
+            for f in &args.fence_members {
+                fences.push(connect_member(f).await.map_err(StartError::Config)?);
+            }
             work = Some(Box::new(move |driver: Driver| {
                 Box::pin(async move {
                     // A controller that lost its state directory (an
@@ -222,6 +226,14 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                         "snapshot and group snapshot records recovered from member VolumeSnapshots and VolumeGroupSnapshots"
                     );
                     start_summary(driver.store.clone(), controller_writer);
+                    // After the rebuild: the fence judges pods by the
+                    // volumes the store holds.
+                    for cluster in fences {
+                        crate::backends::member::lost_member_fence::spawn(
+                            cluster,
+                            driver.store.clone(),
+                        );
+                    }
                     // Pods on virtual nodes run in the members: their
                     // state comes from there.
                     for (name, client) in member_watches {
@@ -265,7 +277,17 @@ async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), St
         .find(|lost| args.members.iter().any(|m| &m.name == *lost))
     {
         return Err(StartError::Config(format!(
-            "member {both} is given as --member and as --lost-member: a member declared lost is never contacted, drop its --member"
+            "member {both} is given as --member and as --lost-member: a member declared lost is never contacted for its volumes, drop its --member (--fence-member {both}=KUBECONFIG fences it if it comes back)"
+        )));
+    }
+    if let Some(fenced) = args
+        .fence_members
+        .iter()
+        .find(|f| !args.lost_members.contains(&f.name))
+    {
+        return Err(StartError::Config(format!(
+            "--fence-member {} names a member not declared lost: fence only a member given as --lost-member {}",
+            fenced.name, fenced.name
         )));
     }
     if args.members.is_empty() && args.lost_members.is_empty() && args.mode.controller() {

@@ -23,6 +23,7 @@ pub struct Metrics {
     provisioning_oldest: IntGauge,
     member_claims: IntGaugeVec,
     member_unread: IntGaugeVec,
+    fenced_pods: IntCounterVec,
     leader: IntGauge,
 }
 
@@ -118,6 +119,14 @@ fn build() -> Result<Metrics, prometheus::Error> {
         ),
         &["member"],
     )?;
+    let fenced_pods = IntCounterVec::new(
+        Opts::new(
+            "fenced_pods_total",
+            "Pods deleted in a member declared lost (--fence-member) because they use a \
+             shared volume that other members now write",
+        ),
+        &["member"],
+    )?;
     let leader = IntGauge::with_opts(Opts::new(
         "leader",
         "1 while this controller holds its leader Lease (--leader-election), 0 while it waits",
@@ -137,6 +146,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(provisioning_oldest.clone()))?;
     registry.register(Box::new(member_claims.clone()))?;
     registry.register(Box::new(member_unread.clone()))?;
+    registry.register(Box::new(fenced_pods.clone()))?;
     Ok(Metrics {
         registry,
         calls,
@@ -149,6 +159,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
         provisioning_oldest,
         member_claims,
         member_unread,
+        fenced_pods,
         leader,
     })
 }
@@ -172,6 +183,13 @@ pub fn housekeeping(action: &'static str) {
     debug_assert!(HOUSEKEEPING_ACTIONS.contains(&action), "{action}");
     if let Some(m) = metrics() {
         m.housekeeping.with_label_values(&[action]).inc();
+    }
+}
+
+/// Counts one pod the fence deleted in a member declared lost.
+pub fn fenced_pod(member: &str) {
+    if let Some(m) = metrics() {
+        m.fenced_pods.with_label_values(&[member]).inc();
     }
 }
 

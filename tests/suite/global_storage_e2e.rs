@@ -50,6 +50,7 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use e2e_support::demo_relay::{DemoRelay, Prerequisites};
+use e2e_support::frozen_member::FrozenMember;
 use e2e_support::{apply, client, eventually, pods, ScriptedEnv};
 
 const DRIVER: &str = "relay.csi.dev";
@@ -267,6 +268,27 @@ impl Ctx {
         }
     }
 
+    /// The runbook's step for a lost member's virtual node: its pods,
+    /// which no kubelet will confirm, deleted without grace.
+    async fn force_delete_host_pods_on(&self, ns: &str, node: &str) {
+        let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        let list = host_pods
+            .list(&ListParams::default().labels(APP))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        for pod in list {
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) {
+                let name = pod.metadata.name.unwrap_or_default();
+                let _ = host_pods.delete(&name, &now).await;
+            }
+        }
+    }
+
     /// The volume's import in member2: (PV, claim) as far as they exist.
     async fn import_in_member2(&self, ns: &str) -> (Option<PersistentVolume>, bool) {
         let pvs = Api::<PersistentVolume>::all(self.member2.clone())
@@ -373,7 +395,7 @@ fn through_member2(path: &Path, shared: &Path) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stateful_pod_moves_between_members_with_its_data() {
     let _alone = common::alone();
-    let pre = match Prerequisites::of(&["glusterd", "glusterfs", "gluster"]) {
+    let pre = match Prerequisites::of(&["glusterd", "glusterfs", "gluster", "ctr"]) {
         Ok(p) => p,
         Err(why) => {
             common::skip(&why);
@@ -507,10 +529,10 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     for name in ["global-no-class", "global-no-driver"] {
         let _ = classes.delete(name, &DeleteParams::default()).await;
     }
-    let relay = DemoRelay::start(
+    let mut relay = DemoRelay::start(
         env,
         &pre.sidecars,
-        &[member1, member2],
+        &[member1.clone(), member2.clone()],
         &["--virtual-node-attach"],
         &demo,
         "member1",
@@ -741,6 +763,165 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     );
     ctx.delete_and_check_nothing_left(&ns, [dir, dir2]).await;
 
+    // ---- Member1 lost: stopped, declared lost, the Deployment moved to
+    // member2 runs on its data; member1 back, its pods are fenced.
+    let ns = ctx.namespace("lost").await;
+    let token = format!("lost-{}", ctx.tag);
+    ctx.claim(&ns, "global", "ReadWriteOnce").await;
+    Api::<Deployment>::namespaced(host.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(deployment(KOSMOS1, &token)).expect("deployment"),
+        )
+        .await
+        .expect("create Deployment");
+    let doomed = ctx.pod_running(&ctx.member1, &ns, None).await;
+    let dir = ctx.origin_dir(&ns).await;
+    let dir2 = through_member2(&dir, &shared);
+    file_says(&dir.join("token"), &token).await;
+    // A pod of member1's own (no Kosmos behind it, so only the fence can
+    // end it) that keeps writing a heartbeat.
+    let member1_pods: Api<Pod> = Api::namespaced(ctx.member1.clone(), &ns);
+    member1_pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(straggler()).expect("pod"),
+        )
+        .await
+        .expect("member1's straggler");
+    let beat = dir.join("beat-straggler");
+    eventually("the straggler's heartbeat", WAIT, || async {
+        heartbeat(&beat).filter(|n| *n > 2)
+    })
+    .await;
+
+    let kubelet_lab = run.join("lab");
+    let mut member1_stopped = FrozenMember::freeze(
+        &pre.e2e_home.join("run/member/pids/kube-apiserver.pid"),
+        &kubelet_lab.join("pids/kubelet.pid"),
+        &containerd_socket(&kubelet_lab),
+    );
+    let frozen_at = heartbeat(&beat).expect("a heartbeat");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        heartbeat(&beat),
+        Some(frozen_at),
+        "nothing in member1 writes while stopped"
+    );
+    // The runbook: declared lost, with the fence for its return.
+    drop(relay);
+    let t = Instant::now();
+    let fence = format!("member1={}", env.relay_member_kubeconfig);
+    relay = DemoRelay::start(
+        env,
+        &pre.sidecars,
+        std::slice::from_ref(&member2),
+        &[
+            "--virtual-node-attach",
+            "--lost-member",
+            "member1",
+            "--fence-member",
+            &fence,
+        ],
+        &demo,
+        "member1",
+    )
+    .await;
+    ctx.move_to(&ns, KOSMOS2).await;
+    let in_member2 = eventually("the Deployment's pod Running in member2", WAIT, || async {
+        ctx.force_delete_host_pods_on(&ns, KOSMOS1).await;
+        Ctx::running_pods(&ctx.member2, &ns)
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    let lost_move = t.elapsed();
+    file_says(&dir2.join(format!("seen-{in_member2}")), &token).await;
+    assert!(
+        ctx.import_in_member2(&ns).await.1,
+        "member2 imported it from the host PV's record"
+    );
+    println!(
+        "figure: member1 stopped and declared lost: the pod moved to {KOSMOS2} Running on member1's data {} s after the declaration (controller restarted)",
+        seconds(lost_move)
+    );
+
+    let t = Instant::now();
+    member1_stopped.resume();
+    for pod in ["straggler", doomed.as_str()] {
+        eventually(&format!("member1's pod {pod} fenced"), WAIT, || async {
+            member1_pods
+                .get_opt(pod)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    let fenced = t.elapsed();
+    let last = eventually("the straggler's heartbeat stops", WAIT, || async {
+        let before = heartbeat(&beat);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        (heartbeat(&beat) == before).then_some(before)
+    })
+    .await
+    .unwrap_or(frozen_at);
+    let log = relay.controller.log();
+    assert!(
+        log.contains("fenced") && log.contains(&format!("{ns}/straggler")),
+        "the relay fenced member1's own pod"
+    );
+    assert_eq!(
+        Ctx::running_pods(&ctx.member2, &ns).await,
+        std::slice::from_ref(&in_member2),
+        "member2's pod runs on"
+    );
+    println!(
+        "figure: member1 back while declared lost: its pods on the volume deleted by the fence {} s after it answered; its straggler wrote {} heartbeats (0.5 s apart) after it came back, then none",
+        seconds(fenced),
+        last.saturating_sub(frozen_at)
+    );
+    // Taken back: the member given again as --member.
+    drop(relay);
+    relay = DemoRelay::start(
+        env,
+        &pre.sidecars,
+        &[member1.clone(), member2.clone()],
+        &["--virtual-node-attach"],
+        &demo,
+        "member1",
+    )
+    .await;
+    ctx.delete_and_check_nothing_left(&ns, [dir, dir2]).await;
+
     let _ = classes.delete("global", &DeleteParams::default()).await;
     drop(relay);
+}
+
+/// A pod of member1's own on the volume's claim, writing a count into
+/// `beat-straggler` twice a second.
+fn straggler() -> Value {
+    let script = "i=0; while true; do i=$((i+1)); echo $i > /data/beat-straggler; sleep 0.5; done";
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "straggler", "labels": {"app": "straggler"}},
+        "spec": {"nodeName": MEMBER1_NODE, "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+}
+
+fn heartbeat(file: &Path) -> Option<u64> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+/// The containerd socket of the kubelet node in `lab` (its node.env).
+fn containerd_socket(lab: &Path) -> PathBuf {
+    let env = std::fs::read_to_string(lab.join("node.env")).expect("the kubelet node's node.env");
+    env.lines()
+        .find_map(|l| l.strip_prefix("export KL_CONTAINERD_SOCK="))
+        .map(PathBuf::from)
+        .expect("KL_CONTAINERD_SOCK in node.env")
 }

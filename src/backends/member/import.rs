@@ -321,6 +321,26 @@ async fn release_stale_binding(
 /// The pods of `cluster` placed on a node that use the claim named as the
 /// volume's, as `pod ns/name on node N` (finished pods do not count).
 pub async fn users(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<String>> {
+    Ok(pods_using(cluster, at)
+        .await?
+        .iter()
+        .map(|pod| {
+            format!(
+                "pod {}/{} on node {}",
+                at.namespace,
+                pod.metadata.name.as_deref().unwrap_or_default(),
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+/// The pods of `cluster` placed on a node, not finished, whose volumes
+/// name the claim `at` names.
+pub async fn pods_using(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<Pod>> {
     let pods = Api::<Pod>::namespaced(cluster.client(), &at.namespace);
     let mut found = Vec::new();
     cluster
@@ -329,7 +349,7 @@ pub async fn users(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<String
             &pods,
             ListParams::default(),
             |page: Vec<Pod>| {
-                for pod in &page {
+                for pod in page {
                     let status = pod.status.as_ref().and_then(|s| s.phase.as_deref());
                     if matches!(status, Some("Succeeded") | Some("Failed")) {
                         continue;
@@ -345,12 +365,7 @@ pub async fn users(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<String
                             .is_some_and(|c| c.claim_name == at.pvc)
                     });
                     if uses {
-                        found.push(format!(
-                            "pod {}/{} on node {}",
-                            at.namespace,
-                            pod.metadata.name.as_deref().unwrap_or_default(),
-                            spec.node_name.as_deref().unwrap_or_default()
-                        ));
+                        found.push(pod);
                     }
                 }
                 Ok::<_, CsiError>(())

@@ -23,6 +23,7 @@ pub mod claim_copy;
 pub mod claim_create;
 pub mod group_snapshot;
 pub mod import;
+pub mod lost_member_fence;
 pub mod namespace;
 pub mod pvc;
 pub mod snapshot;

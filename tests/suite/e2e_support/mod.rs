@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod demo_relay;
 pub mod fault_proxy;
+pub mod frozen_member;
 pub mod pods;
 
 use std::time::{Duration, Instant};
