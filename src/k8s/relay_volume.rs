@@ -19,9 +19,10 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::domain::error::{CsiError, CsiResult};
+use crate::domain::member_source;
 use crate::domain::observers::VolumeObserver;
 use crate::domain::settings::Mode;
-use crate::domain::volume::{Backing, Lifecycle, NodeRecord, Phase, Volume};
+use crate::domain::volume::{Backing, Lifecycle, NodeRecord, Phase, Progress, Volume};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::{self, MemberVolume};
 use crate::k8s::FIELD_MANAGER;
@@ -61,6 +62,7 @@ fn record_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Erro
     printcolumn = r#"{"name": "PHASE", "type": "string", "jsonPath": ".status.phase"}"#,
     printcolumn = r#"{"name": "MEMBER", "type": "string", "jsonPath": ".spec.member"}"#,
     printcolumn = r#"{"name": "MEMBER-PVC", "type": "string", "jsonPath": ".spec.memberPvc"}"#,
+    printcolumn = r#"{"name": "IMPORTS", "type": "string", "jsonPath": ".status.imports[*].member"}"#,
     printcolumn = r#"{"name": "NODES", "type": "string", "jsonPath": ".status.nodeSummary"}"#,
     printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name": "LAST-ERROR", "type": "string", "jsonPath": ".status.lastError"}"#,
@@ -127,6 +129,11 @@ pub struct RelayVolumeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub nodes: Option<Vec<RelayNodeStatus>>,
+    /// The members a shared volume (`sharedWith`) is imported into, other
+    /// than `spec.member`, which made it; written by the controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["member"]))]
+    pub imports: Option<Vec<RelayImportStatus>>,
     /// Why the last call on the volume failed (`<call>: <CSI code>: <message>`),
     /// while it has not moved on since; written by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,6 +152,19 @@ pub struct RelayVolumeStatus {
         "message": "status.leaderTerm may not go back: this status write comes from a csi-relay controller that no longer leads (a newer leader has written this volume's status since)"
     }]))]
     pub leader_term: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayImportStatus {
+    /// The member cluster that holds the import (its PV and claim).
+    pub member: String,
+    /// IMPORTED: made, for the host nodes named; IMPORTING: being made;
+    /// RELEASING: every one of them is being unpublished, and the import
+    /// goes once no pod there uses it.
+    pub state: String,
+    /// The host nodes that use the volume in that member.
+    pub nodes: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -366,6 +386,45 @@ pub fn summary(vol: &Volume, seen: Option<&RelayVolumeStatus>) -> (String, Strin
     (phase, nodes)
 }
 
+/// The imports of a shared volume, from its attachments: each names the
+/// member its node uses the volume in (`publish_context`), recorded once
+/// ControllerPublishVolume made the import there. None when there is none.
+fn imports_of(vol: &Volume) -> Option<Vec<RelayImportStatus>> {
+    let Backing::Member { member: origin, .. } = &vol.backing else {
+        return None;
+    };
+    // The furthest a node of that member got: Applying < Removing < Done.
+    let rank = |p: Progress| match p {
+        Progress::Removing => 0,
+        Progress::Applying => 1,
+        Progress::Done => 2,
+    };
+    let mut by_member: BTreeMap<&str, (u8, Vec<String>)> = BTreeMap::new();
+    for (node, record) in &vol.nodes {
+        let Some(a) = &record.attachment else {
+            continue;
+        };
+        let Some(member) = a.publish_context.get(member_source::MEMBER) else {
+            continue;
+        };
+        if member == origin {
+            continue;
+        }
+        let entry = by_member.entry(member).or_default();
+        entry.0 = entry.0.max(rank(a.progress));
+        entry.1.push(node.clone());
+    }
+    let imports: Vec<RelayImportStatus> = by_member
+        .into_iter()
+        .map(|(member, (furthest, nodes))| RelayImportStatus {
+            member: member.to_string(),
+            state: ["RELEASING", "IMPORTING", "IMPORTED"][usize::from(furthest)].to_string(),
+            nodes,
+        })
+        .collect();
+    (!imports.is_empty()).then_some(imports)
+}
+
 /// The status this writer owns for `vol`; `seen` is the object as last
 /// watched (the controller folds every writer's entries into its phase).
 pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) -> RelayVolumeStatus {
@@ -397,6 +456,7 @@ pub fn status_of(vol: &Volume, role: &Role, seen: Option<&RelayVolumeStatus>) ->
                 phase: Some(phase),
                 node_summary: Some(summary),
                 nodes: Some(nodes),
+                imports: imports_of(vol),
                 ..Default::default()
             }
         }

@@ -392,6 +392,7 @@ fn the_crd_renders_with_its_printer_columns() {
             "PHASE",
             "MEMBER",
             "MEMBER-PVC",
+            "IMPORTS",
             "NODES",
             "AGE",
             "LAST-ERROR"
@@ -668,4 +669,65 @@ async fn a_calls_success_clears_a_calls_failure_not_the_members_word() {
     writer.apply_watcher_event(&shown("ControllerPublishVolume: Unavailable: no"));
     assert!(observer.shows_failure(id));
     assert!(!observer.shows_member_word(id));
+}
+
+#[test]
+fn the_controller_shows_each_import_of_a_shared_volume_with_its_state() {
+    let mut vol = volume();
+    let attached_in = |member: &str, progress: Progress| NodeRecord {
+        attachment: Some(Attachment {
+            readonly: false,
+            capability: Capability::plain_mount(),
+            publish_context: [(member_source::MEMBER.to_string(), member.to_string())].into(),
+            progress,
+        }),
+        ..Default::default()
+    };
+    let controller = Role::Controller {
+        with_node_state: false,
+    };
+    // Used in its own member only: no import.
+    vol.nodes
+        .insert("east-host".into(), attached_in("east", Progress::Done));
+    assert_eq!(status_of(&vol, &controller, None).imports, None);
+    for (node, member, progress) in [
+        ("west-a", "west", Progress::Done),
+        ("west-b", "west", Progress::Removing),
+        ("north-a", "north", Progress::Removing),
+        ("south-a", "south", Progress::Applying),
+        ("south-b", "south", Progress::Removing),
+    ] {
+        vol.nodes.insert(node.into(), attached_in(member, progress));
+    }
+    let imports = status_of(&vol, &controller, None).imports.unwrap();
+    let shown: Vec<(&str, &str, Vec<&str>)> = imports
+        .iter()
+        .map(|i| {
+            (
+                i.member.as_str(),
+                i.state.as_str(),
+                i.nodes.iter().map(String::as_str).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("north", "RELEASING", vec!["north-a"]),
+            ("south", "IMPORTING", vec!["south-a", "south-b"]),
+            ("west", "IMPORTED", vec!["west-a", "west-b"]),
+        ]
+    );
+    // A node plugin writes no imports: they are the controller's.
+    let node = Role::Node {
+        node_id: "west-a".into(),
+    };
+    assert_eq!(status_of(&vol, &node, None).imports, None);
+    // The JSON the API server gets: the field, and its absence once none is
+    // left (server-side apply then removes what this manager set).
+    let json = serde_json::to_value(status_of(&vol, &controller, None)).unwrap();
+    assert_eq!(json["imports"][2]["state"], "IMPORTED", "{json}");
+    vol.nodes.retain(|n, _| n == "east-host");
+    let json = serde_json::to_value(status_of(&vol, &controller, None)).unwrap();
+    assert!(json.get("imports").is_none(), "{json}");
 }

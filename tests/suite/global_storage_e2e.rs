@@ -29,7 +29,16 @@
 //! - **delete**: nothing left in either member, in the host or in the
 //!   storage;
 //! - `csi-relay check` names a sharing class a member cannot serve (its
-//!   member class, or its CSI driver, missing there).
+//!   member class, or its CSI driver, missing there);
+//! - **member1 lost**: its API server and kubelet stopped and its
+//!   containers frozen, the controller restarted with `--lost-member
+//!   member1 --fence-member member1=...`, the Deployment moved to
+//!   kosmos-member2 runs on member1's data (imported from the host PV's
+//!   record); member1 resumed, the fence deletes its pods on the volume
+//!   (one of them a pod of member1's own, which only the fence ends) and
+//!   their heartbeat stops; member1 taken back, the volume is deleted.
+//!
+//! The RelayVolume lists each import (`status.imports`) with its state.
 //!
 //! Runs when the two-cluster environment is up (RELAY_E2E_*,
 //! RELAY_E2E_SIDECARS), E2E_HOME holds Kosmos, kubelets and
@@ -44,7 +53,7 @@ use std::time::{Duration, Instant};
 use csi_relay::k8s::relay_volume::RelayVolume;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
@@ -313,6 +322,34 @@ impl Ctx {
                     .is_some_and(|l| l.get(IMPORTED_FROM).map(String::as_str) == Some("member1"))
             });
         (pv, claim)
+    }
+
+    /// Until the RelayVolume of `host_pvc` lists exactly these imports,
+    /// each as `MEMBER STATE [NODES]`.
+    async fn relay_imports_are(&self, host_pvc: &str, want: &[&str]) {
+        eventually(
+            &format!("the RelayVolume of {host_pvc} lists imports {want:?}"),
+            WAIT,
+            || async {
+                let rvs = Api::<RelayVolume>::all(self.host.clone())
+                    .list(&ListParams::default())
+                    .await
+                    .ok()?;
+                let rv = rvs
+                    .items
+                    .into_iter()
+                    .find(|rv| rv.spec.host_pvc.as_deref() == Some(host_pvc))?;
+                let shown: Vec<String> = rv
+                    .status?
+                    .imports
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|i| format!("{} {} [{}]", i.member, i.state, i.nodes.join(",")))
+                    .collect();
+                (shown == want).then_some(())
+            },
+        )
+        .await;
     }
 
     async fn import_gone(&self, ns: &str) {
@@ -624,6 +661,8 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     .await;
     assert_eq!(seen.0, "member1", "the member that made it");
     assert_eq!(seen.1, [format!("{ns}/{in_member2}")]);
+    let import = format!("member2 IMPORTED [{KOSMOS2}]");
+    ctx.relay_imports_are(&host_pvc, &[import.as_str()]).await;
 
     let t = Instant::now();
     ctx.move_to(&ns, KOSMOS1).await;
@@ -632,6 +671,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     let moved_back = t.elapsed();
     file_says(&dir.join(format!("seen-{back}")), &token).await;
     ctx.import_gone(&ns).await;
+    ctx.relay_imports_are(&host_pvc, &[]).await;
     println!(
         "figure: demo moved back {KOSMOS2} -> {KOSMOS1}: Running in member1, token read, {} s after the edit; member2's import gone after {} s",
         seconds(moved_back),
@@ -827,9 +867,40 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         "member1",
     )
     .await;
+    let serving = t.elapsed();
     ctx.move_to(&ns, KOSMOS2).await;
+    // Where the time goes: the host pod placed, its volume attached (the
+    // import made), the member pod Running.
+    let pv_name = pods::host_pv(&host, &ns, "data").await;
+    let steps = std::sync::Mutex::new([None::<Duration>; 2]);
     let in_member2 = eventually("the Deployment's pod Running in member2", WAIT, || async {
         ctx.force_delete_host_pods_on(&ns, KOSMOS1).await;
+        let placed = Api::<Pod>::namespaced(host.clone(), &ns)
+            .list(&ListParams::default().labels(APP))
+            .await
+            .is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(KOSMOS2))
+            });
+        let attached = Api::<VolumeAttachment>::all(host.clone())
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| {
+                l.items.iter().any(|va| {
+                    va.spec.node_name == KOSMOS2
+                        && va.spec.source.persistent_volume_name.as_deref()
+                            == Some(pv_name.as_str())
+                        && va.status.as_ref().is_some_and(|s| s.attached)
+                })
+            });
+        if let Ok(mut seen) = steps.lock() {
+            for (i, now) in [placed, attached].into_iter().enumerate() {
+                if now && seen[i].is_none() {
+                    seen[i] = Some(t.elapsed());
+                }
+            }
+        }
         Ctx::running_pods(&ctx.member2, &ns)
             .await
             .into_iter()
@@ -837,11 +908,23 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     })
     .await;
     let lost_move = t.elapsed();
+    let [placed, attached] = steps.lock().map(|s| *s).unwrap_or_default();
+    let at = |d: Option<Duration>| d.map(seconds).unwrap_or_else(|| "?".into());
+    println!(
+        "figure: member1 lost, after the declaration: controller serving {} s, host pod on {KOSMOS2} {} s, attached (import made) {} s, member2 pod Running {} s",
+        seconds(serving),
+        at(placed),
+        at(attached),
+        seconds(lost_move)
+    );
     file_says(&dir2.join(format!("seen-{in_member2}")), &token).await;
     assert!(
         ctx.import_in_member2(&ns).await.1,
         "member2 imported it from the host PV's record"
     );
+    let import = format!("member2 IMPORTED [{KOSMOS2}]");
+    ctx.relay_imports_are(&format!("{ns}/data"), &[import.as_str()])
+        .await;
     println!(
         "figure: member1 stopped and declared lost: the pod moved to {KOSMOS2} Running on member1's data {} s after the declaration (controller restarted)",
         seconds(lost_move)
