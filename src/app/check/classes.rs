@@ -240,3 +240,77 @@ async fn check_sharing(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::report::Status;
+    use super::*;
+    use crate::k8s::testing;
+
+    fn sharing_params(member_class: Option<&str>) -> (VolumeParams, Sharing) {
+        let mut map: HashMap<String, String> = [("sharedWith", "east,west")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        if let Some(class) = member_class {
+            map.insert("memberStorageClass".into(), class.into());
+        }
+        let p = params::decode(&map, "parameters").unwrap();
+        let sharing = Sharing::of(&p).unwrap().unwrap();
+        (p, sharing)
+    }
+
+    fn clusters(west: Result<Cluster, String>, east: Cluster) -> Clusters {
+        let (host, _host_api) = testing::host();
+        Clusters {
+            host,
+            members: vec![("east".into(), Ok(east)), ("west".into(), west)],
+            lost: vec![],
+            host_nodes: Ok(vec![]),
+        }
+    }
+
+    /// A sharing member the check could not connect to leaves the class
+    /// unchecked, saying why, and asks nothing of the others.
+    #[tokio::test]
+    async fn a_sharing_member_not_connected_leaves_the_class_unchecked_saying_why() {
+        let (east, east_api) = testing::member("east");
+        let clusters = clusters(
+            Err("member west: kubeconfig /etc/west: no such file".into()),
+            east,
+        );
+        let (p, sharing) = sharing_params(Some("shared"));
+        let finding = check_sharing(&clusters, "StorageClass g", &p, &sharing)
+            .await
+            .expect("a finding");
+        assert_eq!(finding.status, Status::Unchecked, "{finding:?}");
+        assert!(finding.message.contains("/etc/west"), "{finding:?}");
+        drop(clusters);
+        east_api.expect_done().await;
+    }
+
+    /// A member that does not answer when its class is looked up leaves the
+    /// class unchecked with the call's error, not a problem it cannot know.
+    #[tokio::test]
+    async fn a_sharing_member_that_does_not_answer_leaves_the_class_unchecked() {
+        let (east, mut east_api) = testing::member("east");
+        let (west, _west_api) = testing::member("west");
+        let clusters = clusters(Ok(west), east);
+        let (p, sharing) = sharing_params(Some("shared"));
+        let (finding, ()) = tokio::join!(
+            check_sharing(&clusters, "StorageClass g", &p, &sharing),
+            async {
+                east_api
+                    .expect("GET", "/apis/storage.k8s.io/v1/storageclasses/shared")
+                    .await
+                    .refuse();
+            }
+        );
+        let finding = finding.expect("a finding");
+        assert_eq!(finding.status, Status::Unchecked, "{finding:?}");
+        assert!(
+            finding.message.contains("member cluster east"),
+            "{finding:?}"
+        );
+    }
+}

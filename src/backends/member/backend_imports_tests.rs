@@ -599,3 +599,144 @@ async fn a_foreign_pv_under_the_imports_name_is_refused() {
     assert_eq!(err.code(), Code::AlreadyExists, "{err}");
     assert!(err.to_string().contains("never adopts"), "{err}");
 }
+
+/// The manifests of west's import of a volume east made.
+fn west_import() -> (
+    Volume,
+    MemberVolume,
+    k8s_openapi::api::core::v1::PersistentVolume,
+    k8s_openapi::api::core::v1::PersistentVolumeClaim,
+) {
+    let vol = shared_volume(&clusters().b, AccessMode::SingleNodeWriter);
+    let at = MemberVolume::of(&vol).unwrap();
+    let sharing = Sharing::of(
+        &params::decode(&vol.parameters.clone().into_iter().collect(), "parameters").unwrap(),
+    )
+    .unwrap()
+    .unwrap();
+    let pv = import::pv_manifest(
+        &vol,
+        &at,
+        &serde_json::from_value(origin_pv()).unwrap(),
+        &sharing,
+        "west",
+        "relay.csi.dev",
+    )
+    .unwrap();
+    let claim = import::claim_manifest(&at, &pv, Default::default());
+    (vol, at, pv, claim)
+}
+
+/// An import PV left from an earlier import (its claim deleted, a crash
+/// before the PV went) still names the old claim's uid: the member's PV
+/// controller would never bind it to the new claim, so the relay clears
+/// that uid, on that PV only (its own uid a precondition).
+#[tokio::test(start_paused = true)]
+async fn an_import_pv_kept_from_an_earlier_claim_is_released_for_the_new_one() {
+    let (w, mut west) = testing::member("west");
+    let (vol, at, pv, claim) = west_import();
+    let pv_path = format!("/api/v1/persistentvolumes/{}", import::pv_name(&at.uuid));
+    let (result, ()) = tokio::join!(
+        import::ensure(
+            &w,
+            &at,
+            &pv,
+            &claim,
+            &vol.id,
+            std::time::Duration::from_secs(30)
+        ),
+        async {
+            let made = west.expect("POST", "/api/v1/persistentvolumes").await;
+            let mut kept = made.body.clone();
+            kept["metadata"]["uid"] = json!("pv-uid");
+            kept["spec"]["claimRef"]["uid"] = json!("old-claim");
+            made.already_exists();
+            west.expect("GET", &pv_path).await.ok(kept.clone());
+            let made = west.expect("POST", PVCS).await;
+            let mut created = made.body.clone();
+            created["metadata"]["uid"] = json!("new-claim");
+            made.reply(201, created.clone());
+            let patch = west.expect("PATCH", &pv_path).await;
+            assert_eq!(patch.body["metadata"]["uid"], "pv-uid", "{}", patch.body);
+            let claim_ref = &patch.body["spec"]["claimRef"];
+            assert!(
+                claim_ref.get("uid").is_some_and(Value::is_null),
+                "{}",
+                patch.body
+            );
+            kept["spec"]["claimRef"]["uid"] = Value::Null;
+            patch.ok(kept);
+            let mut bound = created;
+            bound["status"] = json!({"phase": "Bound"});
+            west.expect("GET", &format!("{PVCS}/data")).await.ok(bound);
+            west.expect_idle().await;
+        }
+    );
+    result.unwrap();
+}
+
+/// An import claim the member does not bind in time is UNAVAILABLE naming
+/// the claim, its phase and the PV, for the CO to retry; nothing is undone
+/// (the attachment's intent is recorded, and unpublish removes both).
+#[tokio::test(start_paused = true)]
+async fn an_import_claim_not_bound_in_time_is_unavailable_naming_it() {
+    let (w, mut west) = testing::member("west");
+    let (vol, at, pv, claim) = west_import();
+    let ensure = import::ensure(
+        &w,
+        &at,
+        &pv,
+        &claim,
+        &vol.id,
+        std::time::Duration::from_secs(8),
+    );
+    tokio::pin!(ensure);
+    let mut reads = 0;
+    let result = loop {
+        tokio::select! {
+            r = &mut ensure => break r,
+            call = west.next() => match (call.method.as_str(), call.path.as_str()) {
+                ("POST", _) => call.created(),
+                ("GET", path) if path.ends_with("/persistentvolumeclaims/data") => {
+                    reads += 1;
+                    let mut pending = serde_json::to_value(&claim).unwrap();
+                    pending["status"] = json!({"phase": "Pending"});
+                    call.ok(pending)
+                }
+                (m, p) => panic!("unexpected {m} {p}"),
+            },
+        }
+    };
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let pv_name = import::pv_name(&at.uuid);
+    assert!(
+        err.to_string().contains(&format!(
+            "import claim relay/data is Pending, not yet Bound to PersistentVolume {pv_name}, after 8 s"
+        )),
+        "{err}"
+    );
+    assert!(
+        reads >= 2,
+        "the claim was read again while waiting ({reads})"
+    );
+}
+
+/// The shared source a volume's context keeps is bounded both ways: a PV
+/// whose description is too long is refused when recorded (the call says
+/// which PV and how long), and a record too long is refused when read.
+#[test]
+fn the_recorded_shared_source_is_bounded() {
+    let mut pv: k8s_openapi::api::core::v1::PersistentVolume =
+        serde_json::from_value(origin_pv()).unwrap();
+    let text = import::recorded(&pv).unwrap();
+    assert!(import::from_recorded(&text).is_ok());
+    pv.spec.as_mut().unwrap().mount_options = Some(vec!["x".repeat(1024); 17]);
+    let err = import::recorded(&pv).unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("PersistentVolume pvc-e1"), "{err}");
+    let long = format!("{{\"x\": \"{}\"}}", "y".repeat(17 * 1024));
+    assert!(import::from_recorded(&long)
+        .unwrap_err()
+        .contains("more than"));
+}
