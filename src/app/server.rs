@@ -204,7 +204,12 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
             }
             let mut fences = Vec::new();
             for f in &args.fence_members {
-                fences.push(connect_member(f).await.map_err(StartError::Config)?);
+                fences.push(
+                    connect_member(f)
+                        .await
+                        .map_err(StartError::Config)?
+                        .unmetered(),
+                );
             }
             work = Some(Box::new(move |driver: Driver| {
                 Box::pin(async move {

@@ -21,6 +21,9 @@ pub struct Cluster {
     label: String,
     client: kube::Client,
     timeout: Duration,
+    /// Whether its requests count in `kube_requests_total` and
+    /// `cluster_reachable` (whose alert pages when a member stops answering).
+    metered: bool,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -37,6 +40,7 @@ impl Cluster {
             label: format!("member cluster {name}"),
             client,
             timeout: CALL_TIMEOUT,
+            metered: true,
         }
     }
 
@@ -47,7 +51,15 @@ impl Cluster {
             label: "host cluster".into(),
             client,
             timeout: CALL_TIMEOUT,
+            metered: true,
         }
+    }
+
+    /// Its requests left out of the metrics: a member declared lost, which
+    /// the fence asks, is expected not to answer, and must not page anyone.
+    pub fn unmetered(mut self) -> Self {
+        self.metered = false;
+        self
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
@@ -84,7 +96,9 @@ impl Cluster {
             Err(KubeError::Unreachable { .. }) => "unreachable",
             Err(_) => "error",
         };
-        crate::rt::metrics::kube_request(&self.name, outcome);
+        if self.metered {
+            crate::rt::metrics::kube_request(&self.name, outcome);
+        }
         result
     }
 
