@@ -16,7 +16,9 @@
 //!
 //! The relay cannot stop writes in a cluster it cannot reach: while the
 //! member does not answer, nothing is fenced. That is why only an operator
-//! declares a member lost, once it is stopped.
+//! declares a member lost, once it is stopped. Its asks stay out of the
+//! reachability metrics (`Cluster::unmetered`): a lost member that stays
+//! away is expected, and pages no one.
 
 use std::time::Duration;
 
