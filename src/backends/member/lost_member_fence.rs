@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Preconditions};
 
 use crate::backends::member::{import, pvc};
-use crate::domain::error::CsiResult;
+use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::params;
 use crate::domain::sharing::Sharing;
 use crate::domain::volume::{Backing, Volume};
@@ -56,63 +56,84 @@ fn shared_with(vol: &Volume, member: &str) -> bool {
 /// One round over `volumes` in the lost member `cluster`: deletes the pods
 /// there that use one of their claims (the relay's own claim, never one it
 /// did not make), and names each as `pod ns/name on node N (volume V)`.
+/// A member that does not answer ends the round at once; any other failure
+/// (a volume's claim or pods that cannot be read, a pod that cannot be
+/// deleted) is the round's error once every other volume had its turn.
 pub async fn round(cluster: &Cluster, volumes: &[Volume]) -> CsiResult<Vec<String>> {
     let mut fenced = Vec::new();
+    let mut failed = None;
     for vol in volumes.iter().filter(|v| shared_with(v, cluster.name())) {
-        let at = MemberVolume::of(vol)?;
-        let ours = pvc::get(cluster, &at.namespace, &at.pvc)
-            .await?
-            .is_some_and(|c| pvc::belongs_to(&c, &vol.id));
-        if !ours {
-            continue;
-        }
-        for pod in import::pods_using(cluster, &at).await? {
-            let name = pod.metadata.name.clone().unwrap_or_default();
-            let node = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .unwrap_or_default();
-            // No grace: the pod's containers must stop now, and its kubelet
-            // stops them once the pod is gone from the API. The uid keeps a
-            // pod made anew under the name for the next round to judge.
-            let now = DeleteParams {
-                grace_period_seconds: Some(0),
-                preconditions: Some(Preconditions {
-                    uid: pod.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
-            let pods = Api::<Pod>::namespaced(cluster.client(), &at.namespace);
-            let gone = cluster
-                .fetch(
-                    &format!("delete Pod {}/{name}", at.namespace),
-                    pods.delete(&name, &now),
-                )
-                .await;
-            match gone {
-                // 409: the uid changed, the pod was made anew: next round.
-                Err(e) if e.status() == Some(409) => continue,
-                Err(e) => return Err(e.into()),
-                Ok(_) => {}
+        match fence_volume(cluster, vol, &mut fenced).await {
+            Ok(()) => {}
+            Err(e @ CsiError::Unavailable(_)) => return Err(e),
+            Err(e) => {
+                tracing::warn!(member = cluster.name(), volume_id = %vol.id, error = %e, "fence: volume not fenced this round");
+                failed.get_or_insert(e);
             }
-            let what = format!(
-                "pod {}/{name} on node {node} (volume {})",
-                at.namespace, vol.id
-            );
-            tracing::warn!(
-                member = cluster.name(),
-                pod = %format!("{}/{name}", at.namespace),
-                node = %node,
-                volume_id = %vol.id,
-                "fenced: deleted a pod of a member declared lost that uses a shared volume"
-            );
-            crate::rt::metrics::fenced_pod(cluster.name());
-            fenced.push(what);
         }
     }
-    Ok(fenced)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(fenced),
+    }
+}
+
+/// Fences one volume's claim in the lost member; what it deleted goes into
+/// `fenced`.
+async fn fence_volume(cluster: &Cluster, vol: &Volume, fenced: &mut Vec<String>) -> CsiResult<()> {
+    let at = MemberVolume::of(vol)?;
+    let ours = pvc::get(cluster, &at.namespace, &at.pvc)
+        .await?
+        .is_some_and(|c| pvc::belongs_to(&c, &vol.id));
+    if !ours {
+        return Ok(());
+    }
+    for pod in import::pods_using(cluster, &at).await? {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        // No grace: the pod's containers must stop now, and its kubelet
+        // stops them once the pod is gone from the API. The uid keeps a
+        // pod made anew under the name for the next round to judge.
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let pods = Api::<Pod>::namespaced(cluster.client(), &at.namespace);
+        let gone = cluster
+            .fetch(
+                &format!("delete Pod {}/{name}", at.namespace),
+                pods.delete(&name, &now),
+            )
+            .await;
+        match gone {
+            // 409: the uid changed, the pod was made anew: next round.
+            Err(e) if e.status() == Some(409) => continue,
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
+        let what = format!(
+            "pod {}/{name} on node {node} (volume {})",
+            at.namespace, vol.id
+        );
+        tracing::warn!(
+            member = cluster.name(),
+            pod = %format!("{}/{name}", at.namespace),
+            node = %node,
+            volume_id = %vol.id,
+            "fenced: deleted a pod of a member declared lost that uses a shared volume"
+        );
+        crate::rt::metrics::fenced_pod(cluster.name());
+        fenced.push(what);
+    }
+    Ok(())
 }
 
 /// The volumes of the store, page by page.
@@ -147,7 +168,7 @@ pub fn spawn(cluster: Cluster, store: Store) {
                 Ok(vols) => tokio::time::timeout(ROUND_BUDGET, round(&cluster, &vols))
                     .await
                     .unwrap_or_else(|_| {
-                        Err(crate::domain::error::CsiError::Unavailable(format!(
+                        Err(CsiError::Unavailable(format!(
                             "{} did not answer within {} s",
                             cluster.label(),
                             ROUND_BUDGET.as_secs()
@@ -293,6 +314,50 @@ mod tests {
             .await
             .status(409, "Conflict", "Precondition failed: UID in precondition");
         assert!(run.await.unwrap().unwrap().is_empty());
+        api.expect_done().await;
+    }
+
+    /// A pod the member refuses to delete (403) fails the round, but only
+    /// after the other volumes had their turn.
+    #[tokio::test]
+    async fn a_refused_delete_leaves_the_other_volumes_fenced() {
+        let (east, mut api) = testing::member("east");
+        let mut other = volume(Some("east,west"));
+        other.id = "m-east-ffffffffffffffffffffffffffffffff".into();
+        other.backing = Backing::Member {
+            member: "east".into(),
+            namespace: "shop".into(),
+            pvc: "logs".into(),
+            selected_node: None,
+        };
+        let vols = [volume(Some("east,west")), other];
+        let run = tokio::spawn(async move { round(&east, &vols).await });
+        api.expect("GET", CLAIM).await.ok(claim(ID));
+        api.expect_page(PODS).await.ok(pods(vec![pod(
+            "writer",
+            Some("east-1"),
+            "Running",
+            "data",
+        )]));
+        api.expect("DELETE", &format!("{PODS}/writer"))
+            .await
+            .status(403, "Forbidden", "pods \"writer\" is forbidden");
+        let mut logs = claim("m-east-ffffffffffffffffffffffffffffffff");
+        logs["metadata"]["name"] = json!("logs");
+        api.expect("GET", "/api/v1/namespaces/shop/persistentvolumeclaims/logs")
+            .await
+            .ok(logs);
+        api.expect_page(PODS).await.ok(pods(vec![pod(
+            "tailer",
+            Some("east-2"),
+            "Running",
+            "logs",
+        )]));
+        api.expect("DELETE", &format!("{PODS}/tailer"))
+            .await
+            .ok(pod("tailer", Some("east-2"), "Running", "logs"));
+        let err = run.await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("forbidden"), "{err}");
         api.expect_done().await;
     }
 
