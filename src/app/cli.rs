@@ -121,7 +121,7 @@ pub struct ServeArgs {
 
     /// A member cluster declared lost for good (deleted, its credentials
     /// revoked), repeatable; not also given as --member. The relay never
-    /// contacts it: ControllerUnpublishVolume and DeleteVolume of its volumes
+    /// contacts it (but for --fence-member): ControllerUnpublishVolume and DeleteVolume of its volumes
     /// succeed and leave its member objects there, each deleted volume's
     /// RelayVolume kept as the record of that (phase RELEASED, label
     /// relay.csi.dev/released-from=NAME); every other call on them is
