@@ -774,6 +774,28 @@ mod tests {
             both.to_string().contains("--member and as --lost-member"),
             "{both}"
         );
+        // Only a member declared lost is fenced.
+        let unfenced = build(&serve_args(&[
+            "--state-dir",
+            state,
+            "--backend",
+            "member",
+            "--member",
+            &member,
+            "--fence-member",
+            &format!("west={}", kubeconfig.display()),
+            "--host-kubeconfig",
+            host,
+        ]))
+        .await
+        .err()
+        .unwrap();
+        assert!(
+            unfenced
+                .to_string()
+                .contains("--fence-member west names a member not declared lost"),
+            "{unfenced}"
+        );
         let bad = <crate::app::cli::Cli as clap::Parser>::try_parse_from([
             "csi-relay",
             "serve",
