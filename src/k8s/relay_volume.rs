@@ -940,19 +940,7 @@ async fn lagging(
     store: &Store,
     mirrored: &std::collections::HashMap<String, String>,
 ) -> CsiResult<Vec<String>> {
-    let mut records = store.run(|s| s.unfinished_volumes()).await?;
-    let mut after: Option<String> = None;
-    loop {
-        let from = after.clone();
-        let page = store
-            .run(move |s| s.list_volumes(from.as_deref(), 1024))
-            .await?;
-        records.extend(page.items);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
+    let records = store.all_volumes().await?;
     Ok(records
         .into_iter()
         .filter(|vol| !vol.ephemeral && matches!(vol.backing, Backing::Member { .. }))

@@ -381,6 +381,24 @@ impl Store {
         })
     }
 
+    /// Every volume record, off the async thread: those listings show,
+    /// page by page, and those whose create or delete has not finished.
+    pub async fn all_volumes(&self) -> StoreResult<Vec<Volume>> {
+        let mut all = self.run(|s| s.unfinished_volumes()).await?;
+        let mut after: Option<String> = None;
+        loop {
+            let from = after.take();
+            let page = self
+                .run(move |s| s.list_volumes(from.as_deref(), 1024))
+                .await?;
+            all.extend(page.items);
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(all),
+            }
+        }
+    }
+
     /// Volume records whose create or delete has not finished; the cost
     /// grows with their number only.
     pub fn unfinished_volumes(&self) -> StoreResult<Vec<Volume>> {

@@ -136,23 +136,6 @@ async fn fence_volume(cluster: &Cluster, vol: &Volume, fenced: &mut Vec<String>)
     Ok(())
 }
 
-/// The volumes of the store, page by page.
-async fn volumes(store: &Store) -> CsiResult<Vec<Volume>> {
-    let mut all = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let from = after.clone();
-        let page = store
-            .run(move |s| s.list_volumes(from.as_deref(), 1024))
-            .await?;
-        all.extend(page.items);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => return Ok(all),
-        }
-    }
-}
-
 /// Fences `cluster` (a member declared lost) every [`PERIOD`] until the
 /// process ends. Leader work: a replica that stops leading exits.
 pub fn spawn(cluster: Cluster, store: Store) {
@@ -164,7 +147,7 @@ pub fn spawn(cluster: Cluster, store: Store) {
         );
         let mut answered = None;
         loop {
-            let outcome = match volumes(&store).await {
+            let outcome = match store.all_volumes().await {
                 Ok(vols) => tokio::time::timeout(ROUND_BUDGET, round(&cluster, &vols))
                     .await
                     .unwrap_or_else(|_| {
@@ -174,7 +157,7 @@ pub fn spawn(cluster: Cluster, store: Store) {
                             ROUND_BUDGET.as_secs()
                         )))
                     }),
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
             };
             // Said once per change: a member that stays away would
             // otherwise fill the log.
@@ -198,12 +181,9 @@ pub fn spawn(cluster: Cluster, store: Store) {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::domain::volume::Lifecycle;
     use crate::k8s::naming;
     use crate::k8s::testing;
 
@@ -212,31 +192,17 @@ mod tests {
     const PODS: &str = "/api/v1/namespaces/shop/pods";
 
     fn volume(shared_with: Option<&str>) -> Volume {
-        let mut parameters: BTreeMap<String, String> = BTreeMap::new();
+        let mut vol = crate::domain::volume::sample(ID, "pvc-1");
+        vol.backing = Backing::Member {
+            member: "east".into(),
+            namespace: "shop".into(),
+            pvc: "data".into(),
+            selected_node: None,
+        };
         if let Some(list) = shared_with {
-            parameters.insert("sharedWith".into(), list.into());
+            vol.parameters.insert("sharedWith".into(), list.into());
         }
-        Volume {
-            id: ID.into(),
-            name: "pvc-1".into(),
-            capacity_bytes: 1 << 30,
-            backing: Backing::Member {
-                member: "east".into(),
-                namespace: "shop".into(),
-                pvc: "data".into(),
-                selected_node: None,
-            },
-            capabilities: vec![],
-            parameters,
-            mutable_parameters: BTreeMap::new(),
-            source: None,
-            topology: vec![],
-            context: BTreeMap::new(),
-            created_unix: 0,
-            lifecycle: Lifecycle::Ready,
-            ephemeral: false,
-            nodes: BTreeMap::new(),
-        }
+        vol
     }
 
     fn claim(volume_id: &str) -> Value {
