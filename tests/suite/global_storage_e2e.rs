@@ -218,6 +218,17 @@ impl Ctx {
         PathBuf::from(path)
     }
 
+    /// `deployment(node, token)` in `ns`.
+    async fn deploy(&self, ns: &str, node: &str, token: &str) {
+        Api::<Deployment>::namespaced(self.host.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(deployment(node, token)).expect("deployment"),
+            )
+            .await
+            .expect("create Deployment");
+    }
+
     async fn move_to(&self, ns: &str, node: &str) {
         Api::<Deployment>::namespaced(self.host.clone(), ns)
             .patch(
@@ -584,13 +595,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     let token = format!("moved-{}", ctx.tag);
     let t = Instant::now();
     ctx.claim(&ns, "global", "ReadWriteOnce").await;
-    Api::<Deployment>::namespaced(host.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(deployment(KOSMOS1, &token)).expect("deployment"),
-        )
-        .await
-        .expect("create Deployment");
+    ctx.deploy(&ns, KOSMOS1, &token).await;
     let first = ctx.pod_running(&ctx.member1, &ns, None).await;
     let dir = ctx.origin_dir(&ns).await;
     let dir2 = through_member2(&dir, &shared);
@@ -808,13 +813,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
     let ns = ctx.namespace("lost").await;
     let token = format!("lost-{}", ctx.tag);
     ctx.claim(&ns, "global", "ReadWriteOnce").await;
-    Api::<Deployment>::namespaced(host.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(deployment(KOSMOS1, &token)).expect("deployment"),
-        )
-        .await
-        .expect("create Deployment");
+    ctx.deploy(&ns, KOSMOS1, &token).await;
     let doomed = ctx.pod_running(&ctx.member1, &ns, None).await;
     let dir = ctx.origin_dir(&ns).await;
     let dir2 = through_member2(&dir, &shared);

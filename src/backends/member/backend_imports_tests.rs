@@ -554,23 +554,7 @@ async fn a_lost_origin_is_imported_from_the_host_pvs_record() {
 #[tokio::test(start_paused = true)]
 async fn a_foreign_pv_under_the_imports_name_is_refused() {
     let (w, mut west) = testing::member("west");
-    let vol = shared_volume(&clusters().b, AccessMode::SingleNodeWriter);
-    let at = MemberVolume::of(&vol).unwrap();
-    let sharing = Sharing::of(
-        &params::decode(&vol.parameters.clone().into_iter().collect(), "parameters").unwrap(),
-    )
-    .unwrap()
-    .unwrap();
-    let pv = import::pv_manifest(
-        &vol,
-        &at,
-        &serde_json::from_value(origin_pv()).unwrap(),
-        &sharing,
-        "west",
-        "relay.csi.dev",
-    )
-    .unwrap();
-    let claim = import::claim_manifest(&at, &pv, Default::default());
+    let (vol, at, pv, claim) = west_import();
     let (result, ()) = tokio::join!(
         import::ensure(
             &w,
