@@ -7,3 +7,14 @@ waitfor() { # waitfor SECONDS WHAT CMD... : polls CMD every 0.2 s
   for ((i = 0; i < t * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
   echo "timed out after ${t}s waiting for: $what" >&2; return 1
 }
+sidecar_gates() { # sidecar_gates CONTAINER KUBECONFIG: the extra args deploy/ gives sidecar CONTAINER
+  # (csi-resizer, ...) on that cluster's Kubernetes, so a sidecar run here as a process runs as
+  # deploy/ runs it: deploy/kubernetes-1.28-1.31's gates for 1.28 to 1.31, none from 1.32 on.
+  local minor component
+  component="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/kubernetes-1.28-1.31/kustomization.yaml"
+  minor=$(kubectl --kubeconfig "$2" version -o json 2>/dev/null | jq -r '.serverVersion.minor' | tr -dc 0-9)
+  [[ -n $minor ]] || { echo "sidecar_gates: no server version from $2" >&2; return 1; }
+  ((minor < 32)) || return 0
+  # The component's patches: a test op naming the container, then the arg it adds.
+  awk -v c="$1" '$1 == "value:" { if ($2 ~ /^--feature-gates=/) { if (name == c) print $2 } else name = $2 }' "$component"
+}

@@ -18,9 +18,21 @@ caller parses back.
 {{- toYaml $docs -}}
 {{- end -}}
 
-{{/* Objects as YAML documents. */}}
+{{/*
+Objects as YAML documents, each put where the release puts it: the base's
+namespace csi-relay (the controller's) is the release's namespace, and
+csi-relay-node (the node plugin's) is node.namespace, in the objects and in
+the subjects of their bindings. .root: the chart's root; .docs: the objects.
+*/}}
 {{- define "csi-relay.emit" -}}
-{{- range . }}
+{{- $places := dict "csi-relay" .root.Release.Namespace "csi-relay-node" .root.Values.node.namespace -}}
+{{- range .docs }}
+{{- if and .metadata .metadata.namespace (hasKey $places .metadata.namespace) }}
+{{- $_ := set .metadata "namespace" (get $places .metadata.namespace) }}
+{{- end }}
+{{- range .subjects | default list }}
+{{- if and .namespace (hasKey $places .namespace) }}{{ $_ := set . "namespace" (get $places .namespace) }}{{ end }}
+{{- end }}
 ---
 {{ toYaml . }}
 {{- end }}
@@ -77,11 +89,34 @@ the log format and extra args. .args: the base's; .v: the values; .extra.
 {{- end -}}
 
 {{/*
+The feature gates a sidecar .name runs with beyond the base's, as a YAML map
+(gate: "true"/"false"): the gates its README says need a newer Kubernetes
+than the cluster's (.Capabilities.KubeVersion: the API server's at install
+and upgrade, --kube-version for helm template), turned off, as the
+kubernetes-1.28-1.31 component does for `kubectl apply -k`; then
+sidecars.featureGates, which win.
+*/}}
+{{- define "csi-relay.gates" -}}
+{{- $gates := dict -}}
+{{- $kube := .root.Capabilities.KubeVersion.Version -}}
+{{- if and (eq .name "csi-resizer") (semverCompare "<1.32.0-0" $kube) -}}
+{{- /* external-resizer v2.2.1: "Use of this feature-gate requires Kubernetes 1.32." */ -}}
+{{- $_ := set $gates "RecoverVolumeExpansionFailure" "false" -}}
+{{- end -}}
+{{- with get (.root.Values.sidecars.featureGates | default dict) .name -}}
+{{- range $gate, $on := . }}{{ $_ := set $gates $gate (toString $on) }}{{ end -}}
+{{- end -}}
+{{- toYaml $gates -}}
+{{- end -}}
+
+{{/*
 A pod template's spec with the values applied. .spec: the base's (changed
-in place); .v: the values; .role: the values of controller or node.
+in place); .v: the values; .role: the values of controller or node; .root:
+the chart's root.
 */}}
 {{- define "csi-relay.podSpec" -}}
 {{- $v := .v -}}
+{{- $root := .root -}}
 {{- $role := .role -}}
 {{- $spec := .spec -}}
 {{- $kubelet := trimSuffix "/" ($role.kubeletDir | default "/var/lib/kubelet") -}}
@@ -107,13 +142,23 @@ in place); .v: the values; .role: the values of controller or node.
 {{- end -}}
 {{- else -}}
 {{- with $v.sidecars.resources }}{{ $_ := set $c "resources" . }}{{ end -}}
+{{- $gates := include "csi-relay.gates" (dict "root" $root "name" $c.name) | fromYaml -}}
+{{- $gated := false -}}
 {{- range $a := $c.args -}}
 {{- if hasPrefix "--kubelet-registration-path=" $a -}}
 {{- $a = printf "--kubelet-registration-path=%s/csi.sock" $plugins -}}
 {{- else if and $v.healthAddress (hasPrefix "--http-endpoint=:" $a) -}}
 {{- $a = printf "--http-endpoint=%s%s" $v.healthAddress (trimPrefix "--http-endpoint=" $a) -}}
+{{- else if and $gates (hasPrefix "--feature-gates=" $a) -}}
+{{- range $g := keys $gates | sortAlpha }}{{ $a = printf "%s,%s=%s" $a $g (get $gates $g) }}{{ end -}}
+{{- $gated = true -}}
 {{- end -}}
 {{- $args = append $args $a -}}
+{{- end -}}
+{{- if and $gates (not $gated) -}}
+{{- $list := list -}}
+{{- range $g := keys $gates | sortAlpha }}{{ $list = append $list (printf "%s=%s" $g (get $gates $g)) }}{{ end -}}
+{{- $args = append $args (printf "--feature-gates=%s" (join "," $list)) -}}
 {{- end -}}
 {{- end -}}
 {{- $_ := set $c "args" $args -}}

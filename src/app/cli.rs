@@ -69,7 +69,7 @@ pub struct ServeArgs {
     pub state_dir: PathBuf,
 
     /// CSI driver name (GetPluginInfo); StorageClasses name it as provisioner.
-    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME, value_parser = crate::domain::settings::parse_driver_name)]
     pub driver_name: String,
 
     /// Which services to serve.

@@ -10,6 +10,21 @@ use crate::domain::topology::{TOPOLOGY_MEMBER_KEY, TOPOLOGY_NODE_KEY};
 
 pub const DEFAULT_DRIVER_NAME: &str = "relay.csi.dev";
 
+/// A CSI driver name as Kubernetes takes it: at most 63 bytes (the CSI
+/// spec's bound on GetPluginInfo's name) and a DNS-1123 subdomain, as the
+/// CSIDriver object's name and every PV's `spec.csi.driver` must be. Checked
+/// at start, since the API server refuses a bad one only on the first
+/// CSIDriver or PV, long after the relay answered GetPluginInfo with it.
+pub fn parse_driver_name(name: &str) -> Result<String, String> {
+    if name.len() <= 63 && crate::domain::validate::is_object_name(name) {
+        Ok(name.to_string())
+    } else {
+        Err(format!(
+            "driver name {name:?}: at most 63 lower-case letters, digits, '-' and '.', each dot-separated part beginning and ending with a letter or digit (a CSIDriver's name, e.g. {DEFAULT_DRIVER_NAME})"
+        ))
+    }
+}
+
 /// What the local backend gives mount access when neither the StorageClass
 /// (`backing`) nor the request (raw block, an explicit fs_type) decides.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -100,6 +115,38 @@ impl DriverConfig {
             node_member: None,
             stale_provisioning_after: std::time::Duration::from_secs(3600),
             csi_spec: SpecVersion::V1_12,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_name_is_what_a_csidriver_may_be_named() {
+        for good in [
+            DEFAULT_DRIVER_NAME,
+            "member.relay.csi.dev",
+            "a",
+            "relay-1.example.com",
+        ] {
+            assert_eq!(parse_driver_name(good).as_deref(), Ok(good));
+        }
+        let long = format!("{}.com", "a".repeat(60));
+        for bad in [
+            "",
+            "Bad_Driver",
+            "Relay.csi.dev",
+            "relay.csi.dev.",
+            ".relay",
+            "relay..csi",
+            "relay.-csi",
+            "relay csi",
+            long.as_str(),
+        ] {
+            let e = parse_driver_name(bad).expect_err(bad);
+            assert!(e.contains(&format!("{bad:?}")), "{e}");
         }
     }
 }

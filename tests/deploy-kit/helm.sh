@@ -119,8 +119,9 @@ EOF
   t0=$(date +%s.%N)
   "$helm" --kubeconfig "$HKC" uninstall csi-relay --wait --timeout 180s > "$RUN/logs/helm-uninstall.log" 2>&1 \
     || { cat "$RUN/logs/helm-uninstall.log"; die "helm uninstall ($v)"; }
-  waitfor 120 "namespaces csi-relay and csi-relay-node gone" sh -c \
-    "! kubectl --kubeconfig '$HKC' get ns csi-relay csi-relay-node > /dev/null 2>&1"
+  # The chart's node namespace goes; the release's own (csi-relay, up.sh made it) stays, empty.
+  waitfor 120 "namespace csi-relay-node and the pods of csi-relay gone" sh -c \
+    "! kubectl --kubeconfig '$HKC' get ns csi-relay-node > /dev/null 2>&1 && [ -z \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pods -o name)\" ]"
   local left; left=$(left_of "$helm")
   [[ $left == "CustomResourceDefinition//relayvolumes.relay.csi.dev" ]] || die "after helm uninstall, left: $left"
   local rvs; rvs=$(kh get relayvolumes -o name | wc -l)

@@ -30,6 +30,9 @@ MEMBER_NAME=member1                         # deploy/'s member name (--member me
 CLASS=relay-member1                         # deploy/storageclass.yaml (WaitForFirstConsumer)
 PULL_PROXY=http://127.0.0.1:9               # a closed port: a pull that should never happen fails at once
 HELM=${KIT_HELM:-$E2E_HOME/bin/helm}         # KIT_INSTALL=helm: up.sh installs the chart with it
+# The release lives in the controller's namespace, as README.md installs it (helm -n csi-relay):
+# every helm command of the kit (up.sh, helm.sh, ha.sh, down.sh) takes it from here.
+export HELM_NAMESPACE=csi-relay
 HKC=$E2E_HOME/run/$HOST.kubeconfig
 MKC=$E2E_HOME/run/$MEMBER.kubeconfig
 LAB=$RUN/lab                                # kubelet-node-up.sh LAB_DIR

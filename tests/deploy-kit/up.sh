@@ -272,11 +272,15 @@ node:
   extraVolumes: [{ name: member-disk, hostPath: { path: $RUN/member-disk, type: Directory } }]
   extraVolumeMounts: [{ name: member-disk, mountPath: $RUN/member-disk }]
 EOF
+  # The release's namespace, made first with the Pod Security level the controller keeps
+  # (README.md): the chart never makes it, and a privileged pod must be refused there.
+  kh create namespace csi-relay > /dev/null
+  kh label namespace csi-relay pod-security.kubernetes.io/enforce=restricted > /dev/null
   "$HELM" --kubeconfig "$HKC" install csi-relay "$REPO/deploy" -f "$RUN/helm/values.yaml" \
     --set-file "membersSecret.kubeconfigs.$MEMBER_NAME=$RUN/kustomize/member1.kubeconfig" > "$RUN/logs/kit-apply.log" 2>&1 \
     || { cat "$RUN/logs/kit-apply.log"; die "helm install"; }
   echo "helm $HELM" > "$RUN/installed-by"
-  ts "helm install csi-relay deploy/ ($("$HELM" version --short))"
+  ts "helm install csi-relay deploy/ -n $HELM_NAMESPACE ($("$HELM" version --short))"
 else
   kh apply -k "$RUN/kustomize" > "$RUN/logs/kit-apply.log" 2>&1 || { cat "$RUN/logs/kit-apply.log"; die "kubectl apply -k"; }
   echo kustomize > "$RUN/installed-by"

@@ -146,7 +146,9 @@ CAP_ARGS=(); [[ ${CAPACITY:-1} == 1 ]] && CAP_ARGS=(--enable-capacity --capacity
 NAMESPACE=kube-system lab kl_start relay-provisioner "$LAB/logs/relay-provisioner.log" "$B/csi-provisioner" "${SC[@]}" \
   --feature-gates=Topology=true --extra-create-metadata "${CAP_ARGS[@]}"
 lab kl_start relay-attacher "$LAB/logs/relay-attacher.log" "$B/csi-attacher" "${SC[@]}"
-lab kl_start relay-resizer "$LAB/logs/relay-resizer.log" "$B/csi-resizer" "${SC[@]}"
+# The resizer's gates as deploy/ gives them for this cluster's Kubernetes (tests/env-lib.sh).
+RESIZER_GATES=$(sidecar_gates csi-resizer "$HOST_KUBECONFIG")
+lab kl_start relay-resizer "$LAB/logs/relay-resizer.log" "$B/csi-resizer" "${SC[@]}" $RESIZER_GATES
 ((SNAP)) && lab kl_start relay-snapshotter "$LAB/logs/relay-snapshotter.log" "$B/csi-snapshotter" "${SC[@]}" $GROUP_GATE
 
 # deploy/csidriver.yaml's spec (attach, pod info, fsGroup File, Persistent + Ephemeral) (+ storageCapacity with CAPACITY=1):

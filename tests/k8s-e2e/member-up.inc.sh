@@ -97,7 +97,7 @@ MSC=(--csi-address="$MCSOCK" --kubeconfig="$HOST_KUBECONFIG" --leader-election=f
 lab kl_start member-provisioner "$LAB/logs/member-provisioner.log" "$B/csi-provisioner" "${MSC[@]}" \
   --feature-gates=Topology=true --extra-create-metadata
 lab kl_start member-attacher "$LAB/logs/member-attacher.log" "$B/csi-attacher" "${MSC[@]}"
-lab kl_start member-resizer "$LAB/logs/member-resizer.log" "$B/csi-resizer" "${MSC[@]}"
+lab kl_start member-resizer "$LAB/logs/member-resizer.log" "$B/csi-resizer" "${MSC[@]}" $RESIZER_GATES
 ((SNAP)) && lab kl_start member-snapshotter "$LAB/logs/member-snapshotter.log" "$B/csi-snapshotter" "${MSC[@]}" $GROUP_GATE
 cat > "$RUN/manifests/relay-member.yaml" <<YAML
 apiVersion: storage.k8s.io/v1

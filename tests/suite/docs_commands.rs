@@ -93,6 +93,11 @@ fn relay_argv(command: &str) -> Option<Vec<String>> {
     if w.first().map(String::as_str) == Some("helm") {
         return None;
     }
+    // `kubectl label namespace csi-relay ...`: a namespace's name; kubectl
+    // runs the relay only after `--` (`kubectl exec ... -- csi-relay`).
+    if w.first().map(String::as_str) == Some("kubectl") && !w.iter().any(|x| x == "--") {
+        return None;
+    }
     let args: &[String] = if let Some(dash) = w.iter().position(|x| x == "--") {
         let after = &w[dash + 1..];
         match after.first().map(String::as_str) {

@@ -8,7 +8,9 @@
 //!
 //! Every answer must be a success or a precise CSI error (never UNKNOWN,
 //! never an empty message), no handler may panic, and no mount may appear
-//! outside the test's directory.
+//! outside the test's directory. The campaign runs in a child process with
+//! a mount namespace of its own, so that what it compares, the whole mount
+//! table, holds only what the driver under test mounted.
 //!
 //! CI runs a short campaign (`FUZZ_CASES`, default 48 per target). A long
 //! run: `FUZZ_CASES=20000 cargo test --release --test fuzz_requests -- --nocapture`.
@@ -124,6 +126,71 @@ fn harness() -> Option<&'static Harness> {
         })
     })
     .as_ref()
+}
+
+/// Runs this test again in a child process with a mount namespace of its own
+/// (private propagation): another program mounting on this machine meanwhile
+/// (under /tmp or anywhere) is not seen there, so "no mount outside the
+/// requested paths" judges only the driver's mounts. Loop devices are not
+/// namespaced; the campaign judges and detaches only those backed by its files.
+fn campaign_in_own_mount_namespace() {
+    use std::os::unix::process::CommandExt;
+    if let Err(why) = common::can_mount() {
+        common::skip(&format!("{why}: the fuzz campaign drives real node calls"));
+        return;
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => panic!("the test binary's path: {e}"),
+    };
+    let mut child = std::process::Command::new(exe);
+    child
+        .args(["--exact", "fuzz_requests::fuzz_all", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(IN_NAMESPACE, "1")
+        // The parent reports the campaign (common::alone); the child must not
+        // add a line of its own.
+        .env_remove("RELAY_SUITE_REPORT");
+    // SAFETY: between fork and exec only two syscalls run (unshare, mount),
+    // both async-signal-safe; nothing is allocated or locked.
+    unsafe {
+        child.pre_exec(|| {
+            if nix::libc::unshare(nix::libc::CLONE_NEWNS) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            nix::mount::mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )?;
+            Ok(())
+        });
+    }
+    let out = child
+        .output()
+        .unwrap_or_else(|e| panic!("starting the campaign in its own mount namespace: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the campaign failed in its own mount namespace ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "the campaign did not run:\n{stdout}\n{stderr}"
+    );
+    let lines = stderr.lines();
+    for line in lines.clone().filter(|l| l.starts_with("skipped: ")) {
+        // "skipped: <test>: <why>": the child names the same test.
+        let why = line.splitn(3, ": ").nth(2).unwrap_or(line);
+        common::skip(why);
+    }
+    for line in lines.filter(|l| l.starts_with("fuzz: ")) {
+        eprintln!("{line} (in a mount namespace of its own)");
+    }
 }
 
 /// Mount points outside the harness's directory, from mountinfo.
@@ -620,9 +687,17 @@ impl Drop for Cleanup {
     }
 }
 
+/// Set in the campaign's own process, which runs in a mount namespace of its
+/// own: what it judges (the whole mount table) is then only what it made.
+const IN_NAMESPACE: &str = "RELAY_FUZZ_IN_OWN_MOUNT_NAMESPACE";
+
 #[test]
 fn fuzz_all() {
     let _alone = common::alone();
+    if std::env::var_os(IN_NAMESPACE).is_none() {
+        campaign_in_own_mount_namespace();
+        return;
+    }
     let Some(h) = harness() else { return };
     let _cleanup = Cleanup;
     let before = foreign_mounts(&h.root);

@@ -20,12 +20,12 @@ use serde_json::Value;
 
 use crate::common;
 
-fn repo(path: &str) -> PathBuf {
+pub(crate) fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 /// `$E2E_HOME/bin/<name>`, or why it is not there.
-fn tool(name: &str) -> Result<PathBuf, String> {
+pub(crate) fn tool(name: &str) -> Result<PathBuf, String> {
     let home = std::env::var("E2E_HOME").unwrap_or_else(|_| "/opt/csi-relay-e2e".into());
     let path = Path::new(&home).join("bin").join(name);
     if path.is_file() {
@@ -53,8 +53,9 @@ fn tools<const N: usize>(names: [&str; N]) -> Option<[PathBuf; N]> {
     found.try_into().ok()
 }
 
-/// Runs `bin args`: its stdout, or its stderr as the error.
-fn run(bin: &Path, args: &[&str]) -> Result<String, String> {
+/// Runs `bin args`: its stdout, or its stderr and stdout as the error
+/// (`helm lint` says what failed on stdout).
+pub(crate) fn run(bin: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new(bin)
         .args(args)
         // helm keeps a cache and config; none of the user's is read.
@@ -76,11 +77,12 @@ fn run(bin: &Path, args: &[&str]) -> Result<String, String> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
-            "{} {}: {}\n{}",
+            "{} {}: {}\n{}{}",
             bin.display(),
             args.join(" "),
             out.status,
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
         ))
     }
 }
@@ -90,7 +92,7 @@ fn ok(bin: &Path, args: &[&str]) -> String {
 }
 
 /// The objects of a multi-document YAML stream, by kind, namespace and name.
-fn objects(yaml: &str) -> BTreeMap<String, Value> {
+pub(crate) fn objects(yaml: &str) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     let mut doc = String::new();
     for line in yaml.lines().chain(std::iter::once("---")) {
@@ -158,19 +160,22 @@ fn assert_same(what: &str, got: &BTreeMap<String, Value>, want: &BTreeMap<String
 
 /// A Kustomize overlay of deploy/member with `components`, in a temp dir.
 fn member_overlay(components: &[&str]) -> tempfile::TempDir {
+    overlay("deploy/member", components)
+}
+
+/// A Kustomize overlay of `base` (a folder of the repository) with
+/// `components` (folders of `base`), in a temp dir.
+fn overlay(base: &str, components: &[&str]) -> tempfile::TempDir {
     let dir = tempfile::Builder::new()
-        .prefix("relay-member-overlay-")
+        .prefix("relay-overlay-")
         .tempdir()
         .expect("temp dir");
     // kustomize takes relative paths only: from the overlay up to / and
-    // down to deploy/member.
+    // down to the base.
     let up = "../".repeat(dir.path().components().count() - 1);
     let member = PathBuf::from(format!(
         "{up}{}",
-        repo("deploy/member")
-            .display()
-            .to_string()
-            .trim_start_matches('/')
+        repo(base).display().to_string().trim_start_matches('/')
     ));
     let mut text = format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [{}]\n",
@@ -186,6 +191,8 @@ fn member_overlay(components: &[&str]) -> tempfile::TempDir {
     dir
 }
 
+/// `helm template` into the Kustomize base's namespace, csi-relay (`-n`
+/// in `args` wins).
 fn helm_template(helm: &Path, chart: &str, args: &[&str]) -> Result<String, String> {
     let chart = repo(chart);
     let mut all = vec![
@@ -195,8 +202,23 @@ fn helm_template(helm: &Path, chart: &str, args: &[&str]) -> Result<String, Stri
         "--include-crds",
         "--skip-tests",
     ];
+    if !args.contains(&"-n") {
+        all.extend_from_slice(&["-n", "csi-relay"]);
+    }
     all.extend_from_slice(args);
     run(helm, &all)
+}
+
+/// What `kubectl kustomize` renders of `dir`, less the Namespace csi-relay:
+/// there the release's namespace, which helm makes or finds, never the chart.
+fn kustomize_less_release_namespace(kubectl: &Path, dir: &Path) -> BTreeMap<String, Value> {
+    let mut base = objects(&ok(kubectl, &["kustomize", dir.to_str().unwrap()]));
+    assert!(
+        base.remove("Namespace//csi-relay").is_some(),
+        "{}: no Namespace csi-relay",
+        dir.display()
+    );
+    base
 }
 
 #[test]
@@ -229,10 +251,7 @@ fn with_default_values_each_chart_renders_the_kustomize_base() {
     let Some([helm4, helm3, kubectl]) = tools(["helm", "helm3", "kubectl"]) else {
         return;
     };
-    let base = objects(&ok(
-        &kubectl,
-        &["kustomize", repo("deploy").to_str().unwrap()],
-    ));
+    let base = kustomize_less_release_namespace(&kubectl, &repo("deploy"));
     assert!(base.len() >= 15, "{} objects", base.len());
     let member_cases: [(&[&str], &[&str]); 5] = [
         (&[], &["admission"]),
@@ -252,10 +271,7 @@ fn with_default_values_each_chart_renders_the_kustomize_base() {
         assert_same(&format!("{} deploy/", helm.display()), &chart, &base);
         for (set, components) in member_cases {
             let overlay = member_overlay(components);
-            let want = objects(&ok(
-                &kubectl,
-                &["kustomize", overlay.path().to_str().unwrap()],
-            ));
+            let want = kustomize_less_release_namespace(&kubectl, overlay.path());
             let got = objects(
                 &helm_template(helm, "deploy/member", set).unwrap_or_else(|e| panic!("{e}")),
             );
@@ -268,6 +284,189 @@ fn with_default_values_each_chart_renders_the_kustomize_base() {
                 &want,
             );
         }
+    }
+}
+
+/// Every object's namespace, and every binding subject's, by key.
+fn namespaces_of(objs: &BTreeMap<String, Value>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (key, obj) in objs {
+        if let Some(ns) = obj["metadata"]["namespace"].as_str() {
+            out.insert(key.clone(), ns.to_string());
+        }
+        for s in obj["subjects"].as_array().into_iter().flatten() {
+            if let Some(ns) = s["namespace"].as_str() {
+                out.insert(format!("{key} subject {}", s["name"]), ns.to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_release_namespace_holds_the_controller_and_node_namespace_the_node_plugin() {
+    let Some([helm4, helm3]) = tools(["helm", "helm3"]) else {
+        return;
+    };
+    for helm in [&helm4, &helm3] {
+        let h = helm.display();
+        let got = objects(&helm_template(helm, "deploy", &["-n", "storage"]).unwrap());
+        let namespaces: Vec<&String> = got.keys().filter(|k| k.starts_with("Namespace/")).collect();
+        assert_eq!(namespaces, ["Namespace//csi-relay-node"], "{h}");
+        assert_eq!(
+            got["Namespace//csi-relay-node"]["metadata"]["labels"]
+                ["pod-security.kubernetes.io/enforce"],
+            "privileged"
+        );
+        let placed = namespaces_of(&got);
+        assert!(placed.len() >= 10, "{h}: {placed:?}");
+        for (what, ns) in &placed {
+            let node = what.contains("csi-relay-node") && !what.contains("csi-relay-controller");
+            let want = if node { "csi-relay-node" } else { "storage" };
+            assert_eq!(ns, want, "{h}: {what}");
+        }
+        assert!(placed.contains_key("DaemonSet/csi-relay-node/csi-relay-node"));
+        assert!(placed.contains_key("Deployment/storage/csi-relay-controller"));
+        assert!(placed.contains_key("Secret/storage/csi-relay-members"));
+        let check = objects(&ok(
+            helm,
+            &[
+                "template",
+                "relay",
+                repo("deploy").to_str().unwrap(),
+                "-n",
+                "storage",
+                "--show-only",
+                "templates/tests/check.yaml",
+            ],
+        ));
+        assert_eq!(
+            check.keys().collect::<Vec<_>>(),
+            ["Pod/storage/relay-check"]
+        );
+
+        // The node plugin in the release's namespace: no namespace made.
+        let one = objects(
+            &helm_template(
+                helm,
+                "deploy",
+                &["-n", "storage", "--set", "node.namespace=storage"],
+            )
+            .unwrap(),
+        );
+        assert!(!one.keys().any(|k| k.starts_with("Namespace/")), "{h}");
+        assert!(one.contains_key("DaemonSet/storage/csi-relay-node"), "{h}");
+        // A node namespace that exists already.
+        let kept = objects(
+            &helm_template(helm, "deploy", &["--set", "node.createNamespace=false"]).unwrap(),
+        );
+        assert!(!kept.keys().any(|k| k.starts_with("Namespace/")), "{h}");
+        assert!(
+            kept.contains_key("DaemonSet/csi-relay-node/csi-relay-node"),
+            "{h}"
+        );
+
+        // The member chart: its identity in the release's namespace, and the
+        // admission policy holds that identity, whichever API version.
+        for admission in ["v1", "v1beta1"] {
+            let set = format!(
+                "admission={admission},nodeSecrets.enabled=true,sharedStorage.enabled=true"
+            );
+            let m = objects(
+                &helm_template(
+                    helm,
+                    "deploy/member",
+                    &["-n", "relay-system", "--set", &set],
+                )
+                .unwrap(),
+            );
+            assert!(!m.keys().any(|k| k.starts_with("Namespace/")), "{h}");
+            for (what, ns) in namespaces_of(&m) {
+                let want = if what.starts_with("Role") && !what.contains("subject") {
+                    "csi-relay-node-secrets"
+                } else {
+                    "relay-system"
+                };
+                assert_eq!(ns, want, "{h} {admission}: {what}");
+            }
+            assert!(m.contains_key("ServiceAccount/relay-system/csi-relay-member"));
+            let policy = m
+                .iter()
+                .find(|(k, _)| k.starts_with("ValidatingAdmissionPolicy/"))
+                .map(|(_, v)| v)
+                .expect("the policy");
+            let condition = policy["spec"]["matchConditions"][0]["expression"]
+                .as_str()
+                .unwrap();
+            assert_eq!(
+                condition,
+                "request.userInfo.username == 'system:serviceaccount:relay-system:csi-relay-member'",
+                "{h} {admission}"
+            );
+        }
+    }
+}
+
+/// The csi-resizer container's args in a render.
+fn resizer_args(objs: &BTreeMap<String, Value>) -> Vec<String> {
+    args(container(
+        &objs["Deployment/csi-relay/csi-relay-controller"],
+        "csi-resizer",
+    ))
+}
+
+#[test]
+fn sidecar_gates_fit_the_clusters_kubernetes_version() {
+    let Some([helm4, helm3, kubectl]) = tools(["helm", "helm3", "kubectl"]) else {
+        return;
+    };
+    let older = overlay("deploy", &["kubernetes-1.28-1.31"]);
+    let for_older = kustomize_less_release_namespace(&kubectl, older.path());
+    let base = kustomize_less_release_namespace(&kubectl, &repo("deploy"));
+    let gate = "--feature-gates=RecoverVolumeExpansionFailure=false".to_string();
+    assert!(resizer_args(&for_older).contains(&gate));
+    assert!(!resizer_args(&base)
+        .iter()
+        .any(|a| a.contains("RecoverVolumeExpansionFailure")));
+    for helm in [&helm4, &helm3] {
+        let h = helm.display();
+        for version in ["1.28.0", "1.29.3", "1.31.9"] {
+            let got =
+                objects(&helm_template(helm, "deploy", &["--kube-version", version]).unwrap());
+            assert_same(&format!("{h} for Kubernetes {version}"), &got, &for_older);
+        }
+        for version in ["1.32.0", "1.34.1"] {
+            let got =
+                objects(&helm_template(helm, "deploy", &["--kube-version", version]).unwrap());
+            assert_same(&format!("{h} for Kubernetes {version}"), &got, &base);
+        }
+        // sidecars.featureGates wins, and joins a sidecar's own gates flag.
+        let set = "sidecars.featureGates.csi-resizer.RecoverVolumeExpansionFailure=true,sidecars.featureGates.csi-provisioner.CrossNamespaceVolumeDataSource=false";
+        let got = objects(
+            &helm_template(helm, "deploy", &["--kube-version", "1.28.0", "--set", set]).unwrap(),
+        );
+        let a = resizer_args(&got);
+        assert!(
+            a.contains(&"--feature-gates=RecoverVolumeExpansionFailure=true".to_string()),
+            "{h}: {a:?}"
+        );
+        assert_eq!(
+            a.iter()
+                .filter(|x| x.starts_with("--feature-gates"))
+                .count(),
+            1,
+            "{h}: {a:?}"
+        );
+        let p = args(container(
+            &got["Deployment/csi-relay/csi-relay-controller"],
+            "csi-provisioner",
+        ));
+        assert!(
+            p.contains(
+                &"--feature-gates=Topology=true,CrossNamespaceVolumeDataSource=false".to_string()
+            ),
+            "{h}: {p:?}"
+        );
     }
 }
 
@@ -561,25 +760,152 @@ fn each_value_changes_what_it_names_and_the_flags_parse() {
     }
 }
 
+/// Values `values.schema.json` refuses: `--set` text, and the value's path
+/// as helm v4 and v3 name it in their refusal.
+const REFUSED: &[(&str, &str, &str, &str)] = &[
+    (
+        "deploy",
+        "driverName=Bad_Driver",
+        "'/driverName'",
+        "driverName:",
+    ),
+    (
+        "deploy",
+        "driverName=relay.csi.dev.",
+        "'/driverName'",
+        "driverName:",
+    ),
+    (
+        "deploy",
+        "controller.replicas=-1",
+        "'/controller/replicas'",
+        "controller.replicas:",
+    ),
+    (
+        "deploy",
+        "controller.replicas=two",
+        "'/controller/replicas'",
+        "controller.replicas:",
+    ),
+    (
+        "deploy",
+        "node.kubeletDir=relative/path",
+        "'/node/kubeletDir'",
+        "node.kubeletDir:",
+    ),
+    (
+        "deploy",
+        "node.stateDir=/var/lib/../../etc",
+        "'/node/stateDir'",
+        "node.stateDir:",
+    ),
+    (
+        "deploy",
+        "members={member1,../etc}",
+        "'/members/1'",
+        "members.1:",
+    ),
+    ("deploy", "members={a,a}", "'/members'", "members:"),
+    (
+        "deploy",
+        "node.member=Bad_Name",
+        "'/node/member'",
+        "node.member:",
+    ),
+    (
+        "deploy",
+        "node.namespace=Node_NS",
+        "'/node/namespace'",
+        "node.namespace:",
+    ),
+    ("deploy", "logFormat=xml", "'/logFormat'", "logFormat:"),
+    (
+        "deploy",
+        "images.csi-relay=Registry/Relay:1",
+        "'/images/csi-relay'",
+        "images.csi-relay:",
+    ),
+    // helm v4 names the property, not always where it is.
+    ("deploy", "images.relay=x:1", "'relay'", "images:"),
+    (
+        "deploy",
+        "imagePullPolicy=Sometimes",
+        "'/imagePullPolicy'",
+        "imagePullPolicy:",
+    ),
+    (
+        "deploy",
+        "controller.resources.requests.cpu=lots",
+        "'/controller/resources/requests/cpu'",
+        "controller.resources.requests.cpu:",
+    ),
+    (
+        "deploy",
+        "controller.extraArgs={-v}",
+        "'/controller/extraArgs/0'",
+        "controller.extraArgs.0:",
+    ),
+    (
+        "deploy",
+        "sidecars.featureGates.csi-resizer.RecoverVolumeExpansionFailure=maybe",
+        "'/sidecars/featureGates/csi-resizer/RecoverVolumeExpansionFailure'",
+        "sidecars.featureGates.csi-resizer.RecoverVolumeExpansionFailure:",
+    ),
+    (
+        "deploy",
+        "storageClasses[0].name=c,storageClasses[0].parameters.createMemberNamespace=true",
+        "'/storageClasses/0/parameters/createMemberNamespace'",
+        "storageClasses.0.parameters.createMemberNamespace:",
+    ),
+    // A misspelt value would otherwise be ignored without a word.
+    ("deploy", "controler.replicas=3", "'controler'", "controler"),
+    (
+        "deploy/member",
+        "admission=v2",
+        "'/admission'",
+        "admission:",
+    ),
+    (
+        "deploy/member",
+        "nodeSecrets.namespace=Secrets_NS",
+        "'/nodeSecrets/namespace'",
+        "nodeSecrets.namespace:",
+    ),
+    (
+        "deploy/member",
+        "sharedStorage=true",
+        "'/sharedStorage'",
+        "sharedStorage:",
+    ),
+];
+
 #[test]
 fn bad_values_are_refused_naming_the_value() {
     let Some([helm4, helm3]) = tools(["helm", "helm3"]) else {
         return;
     };
-    for helm in [&helm4, &helm3] {
-        for (chart, set, says) in [
-            (
-                "deploy",
-                "members={member1,../etc}",
-                "member name \"../etc\"",
-            ),
-            ("deploy", "node.member=Bad_Name", "member name \"Bad_Name\""),
-            ("deploy", "logFormat=xml", "logFormat \"xml\""),
-            ("deploy/member", "admission=v2", "admission \"v2\""),
-        ] {
-            match helm_template(helm, chart, &["--set", set]) {
-                Ok(out) => panic!("{chart} --set {set} rendered:\n{out}"),
-                Err(e) => assert!(e.contains(says), "{chart} --set {set}: {e}"),
+    for (helm, major) in [(&helm4, 4), (&helm3, 3)] {
+        for (chart, set, at4, at3) in REFUSED {
+            let says = if major == 4 { at4 } else { at3 };
+            for verb in ["template", "lint"] {
+                let out = if verb == "template" {
+                    helm_template(helm, chart, &["--set", set])
+                } else {
+                    run(helm, &["lint", repo(chart).to_str().unwrap(), "--set", set])
+                };
+                match out {
+                    Ok(out) => panic!("helm {major} {verb} {chart} --set {set} passed:\n{out}"),
+                    Err(e) => {
+                        assert!(
+                            e.contains("schema"),
+                            "helm {major} {verb} {chart} --set {set}: {e}"
+                        );
+                        assert!(
+                            e.contains(says),
+                            "helm {major} {verb} {chart} --set {set}: {e}"
+                        );
+                    }
+                }
             }
         }
         let unnamed = write_values("storageClasses: [{ parameters: { member: a } }]\n");

@@ -383,9 +383,15 @@ async fn kosmos_runs_pods_of_virtual_nodes_on_relay_volumes_of_their_member() {
         &args(&[]),
         &relay.path("csi-attacher.log"),
     );
+    let gates = e2e_support::deploy_gates_for_1_28("csi-resizer");
+    assert!(
+        !gates.is_empty(),
+        "deploy/kubernetes-1.28-1.31 gives csi-resizer no gate"
+    );
+    let gates: Vec<&str> = gates.iter().map(String::as_str).collect();
     let _resizer = Sidecar::start(
         &pre.sidecars.join("csi-resizer"),
-        &args(&[]),
+        &args(&gates),
         &relay.path("csi-resizer.log"),
     );
 

@@ -26,6 +26,7 @@ mod foreign_clients;
 mod fuzz_requests;
 mod global_storage_e2e;
 mod helm_chart;
+mod helm_install_e2e;
 mod host_outage_e2e;
 mod housekeeping;
 mod k8s_e2e;

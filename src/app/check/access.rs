@@ -17,8 +17,9 @@ use super::report::{Clusters, Finding};
 use crate::k8s::cluster::Cluster;
 
 const MATRIX: &str = include_str!("../../../docs/security.md");
-/// Where the kit's namespaced rights live.
-const NAMESPACE: &str = "csi-relay";
+/// Where the matrix puts the kit's namespaced rights: the namespace it is
+/// installed in, the controller's (`--namespace`, the pod's own) in the host.
+const MATRIX_NAMESPACE: &str = "csi-relay";
 
 /// (apiGroup, resource, verb, name, namespace): one right of the matrix.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -132,6 +133,19 @@ pub fn matrix() -> Result<Vec<Entry>, String> {
         }
     }
     Ok(out)
+}
+
+/// The rights the matrix grants `identity` in `cluster`, with the kit's
+/// namespace where the matrix says csi-relay: a release installed in
+/// another namespace holds them there.
+pub fn granted_in(identity: &str, cluster: &str, namespace: &str) -> Vec<Right> {
+    let mut rights = granted(identity, cluster);
+    for r in &mut rights {
+        if r.namespace == MATRIX_NAMESPACE {
+            r.namespace = namespace.to_string();
+        }
+    }
+    rights
 }
 
 /// The rights the matrix grants `identity` in `cluster` (its `yes` rows).
@@ -315,8 +329,8 @@ fn unbound_namespace(bindings: &[Binding]) -> String {
 
 /// The namespaces to review: the kit's, the matrix's, and every one where
 /// a RoleBinding names the identity.
-fn namespaces(wanted: &[Right], bindings: &[Binding]) -> BTreeSet<String> {
-    let mut out: BTreeSet<String> = [NAMESPACE.to_string()].into();
+fn namespaces(kit: &str, wanted: &[Right], bindings: &[Binding]) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = [kit.to_string()].into();
     out.extend(
         wanted
             .iter()
@@ -332,6 +346,7 @@ async fn extra_rights(
     cluster: &Cluster,
     subject: &str,
     identity: &str,
+    kit: &str,
     wanted: &[Right],
 ) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -347,7 +362,7 @@ async fn extra_rights(
             out.push(Finding::info(
                 "access",
                 subject,
-                format!("rights beyond the matrix are looked for in namespace {NAMESPACE} and cluster-wide only: cannot read the bindings that name this identity: {e}"),
+                format!("rights beyond the matrix are looked for in namespace {kit} and cluster-wide only: cannot read the bindings that name this identity: {e}"),
             ));
             Vec::new()
         }
@@ -357,7 +372,7 @@ async fn extra_rights(
         Err(e) => return vec![Finding::unchecked("access", subject, e)],
     };
     let mut per_namespace = BTreeMap::new();
-    for ns in namespaces(wanted, &found) {
+    for ns in namespaces(kit, wanted, &found) {
         match rules(cluster, &ns).await {
             Ok(r) => {
                 per_namespace.insert(ns, r);
@@ -400,9 +415,16 @@ async fn extra_rights(
     out
 }
 
-/// One cluster as one identity of the matrix.
-async fn check_one(cluster: &Cluster, subject: &str, identity: &str, which: &str) -> Vec<Finding> {
-    let wanted = granted(identity, which);
+/// One cluster as one identity of the matrix, its kit installed in
+/// namespace `kit`.
+async fn check_one(
+    cluster: &Cluster,
+    subject: &str,
+    identity: &str,
+    which: &str,
+    kit: &str,
+) -> Vec<Finding> {
+    let wanted = granted_in(identity, which, kit);
     let mut missing = Vec::new();
     for right in &wanted {
         match holds(cluster, right).await {
@@ -432,22 +454,27 @@ async fn check_one(cluster: &Cluster, subject: &str, identity: &str, which: &str
             ),
         ));
     }
-    out.extend(extra_rights(cluster, subject, identity, &wanted).await);
+    out.extend(extra_rights(cluster, subject, identity, kit, &wanted).await);
     out
 }
 
-pub async fn check(clusters: &Clusters) -> Vec<Finding> {
+/// `namespace`: the controller's in the host. A member's kit holds no
+/// namespaced right; its namespace is the matrix's.
+pub async fn check(clusters: &Clusters, namespace: &str) -> Vec<Finding> {
     let mut out = check_one(
         &clusters.host,
         "host cluster",
         "csi-relay-controller",
         "host",
+        namespace,
     )
     .await;
     for (name, member) in &clusters.members {
         let subject = format!("member cluster {name}");
         match member {
-            Ok(c) => out.extend(check_one(c, &subject, "csi-relay-member", "member").await),
+            Ok(c) => out.extend(
+                check_one(c, &subject, "csi-relay-member", "member", MATRIX_NAMESPACE).await,
+            ),
             Err(e) => out.push(Finding::unchecked("access", subject, e.clone())),
         }
     }
@@ -548,12 +575,39 @@ mod tests {
     }
 
     #[test]
+    fn a_kit_in_another_namespace_holds_its_namespaced_rights_there() {
+        let moved = granted_in("csi-relay-controller", "host", "storage");
+        let leases: Vec<&Right> = moved.iter().filter(|r| r.resource == "leases").collect();
+        assert!(!leases.is_empty());
+        assert!(
+            leases.iter().all(|r| r.namespace == "storage"),
+            "{leases:?}"
+        );
+        // Cluster-wide rights stay cluster-wide.
+        let wide = |rights: &[Right]| rights.iter().filter(|r| r.namespace == "*").count();
+        assert_eq!(wide(&moved), wide(&granted("csi-relay-controller", "host")));
+        assert_eq!(
+            granted_in("csi-relay-controller", "host", MATRIX_NAMESPACE),
+            granted("csi-relay-controller", "host")
+        );
+    }
+
+    #[test]
     fn the_namespaces_reviewed_are_the_kits_and_every_bound_one() {
         let wanted = granted("csi-relay-member-node", "member");
-        let found = namespaces(&wanted, &[binding(Some("apps"), "x"), binding(None, "y")]);
+        let found = namespaces(
+            MATRIX_NAMESPACE,
+            &wanted,
+            &[binding(Some("apps"), "x"), binding(None, "y")],
+        );
         assert_eq!(
             found.into_iter().collect::<Vec<_>>(),
             ["apps", "csi-relay", "csi-relay-node-secrets"]
+        );
+        let found = namespaces("storage", &wanted, &[]);
+        assert_eq!(
+            found.into_iter().collect::<Vec<_>>(),
+            ["csi-relay-node-secrets", "storage"]
         );
         let unbound = unbound_namespace(&[binding(Some("csi-relay-check-unbound"), "z")]);
         assert_eq!(unbound, "csi-relay-check-unboundx");

@@ -28,7 +28,7 @@ pub struct CheckArgs {
     pub lost_members: Vec<String>,
 
     /// The CSI driver name whose StorageClasses and nodes are checked.
-    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME, value_parser = crate::domain::settings::parse_driver_name)]
     pub driver_name: String,
 
     /// Namespace of the controller's pods and Leases.

@@ -1,7 +1,8 @@
 //! `csi-relay check`: reads the host cluster and every configured member
 //! and reports, one line each with its fix, what stops volumes from working
 //! or will: the RelayVolume CRD, the controller's replicas and which one
-//! leads, this identity's rights, the StorageClasses
+//! leads, the sidecars' feature gates against the host's Kubernetes,
+//! this identity's rights, the StorageClasses
 //! of the driver, how host nodes map to members, and stuck volumes.
 //!
 //! It only reads (access and rules reviews are reads too). Exit status 0:
@@ -13,6 +14,7 @@ mod args;
 mod bindings;
 mod classes;
 mod crd;
+mod gates;
 mod nodes;
 mod replicas;
 mod report;
@@ -126,7 +128,8 @@ async fn check(args: &CheckArgs) -> Result<Vec<Finding>, String> {
         )
         .await,
     );
-    findings.extend(access::check(&clusters).await);
+    findings.extend(gates::check(&clusters, &args.namespace, &args.controller_selector).await);
+    findings.extend(access::check(&clusters, &args.namespace).await);
     findings.extend(classes::check(&clusters, &args.driver_name).await);
     findings.extend(nodes::check(&clusters, args).await);
     findings.extend(volumes::check(&clusters, args.stuck_after).await);

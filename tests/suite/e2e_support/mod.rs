@@ -628,6 +628,33 @@ pub fn sidecar_args(socket: &std::path::Path, kubeconfig: &str, extra: &[&str]) 
     args
 }
 
+/// The args deploy/ adds to sidecar `container` on the environments'
+/// Kubernetes (v1.28): those of its component deploy/kubernetes-1.28-1.31,
+/// so a sidecar run here as a process runs as deploy/ runs it there.
+pub fn deploy_gates_for_1_28(container: &str) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/kubernetes-1.28-1.31/kustomization.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let component: serde_json::Value =
+        serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut out = Vec::new();
+    for patch in component["patches"].as_array().into_iter().flatten() {
+        let ops: serde_json::Value = serde_saphyr::from_str(patch["patch"].as_str().unwrap_or(""))
+            .unwrap_or_else(|e| panic!("{}: a patch: {e}", path.display()));
+        let mut named = None;
+        for op in ops.as_array().into_iter().flatten() {
+            match (op["op"].as_str(), op["value"].as_str()) {
+                (Some("test"), Some(name)) => named = Some(name.to_string()),
+                (Some("add"), Some(arg)) if named.as_deref() == Some(container) => {
+                    out.push(arg.to_string())
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 /// What a real kubelet node (`tests/e2e-env/kubelet`) needs on this machine,
 /// plus `bins` in `$E2E_HOME/bin` and `tools` on PATH: `$E2E_HOME`, or why
 /// the test cannot run here.
