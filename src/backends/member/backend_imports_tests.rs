@@ -724,3 +724,87 @@ fn the_recorded_shared_source_is_bounded() {
         .unwrap_err()
         .contains("more than"));
 }
+
+/// Issue 61's stuck import: in west, a Kosmos copy of the host claim holds
+/// the name. It inherited the relay's marks (Kosmos copies a member claim's
+/// labels and annotations onto the host claim, and its copies carry them),
+/// but it names the host's class and PV and is Lost. The relay replaces it
+/// (uid precondition) with its import claim, instead of waiting on it.
+#[tokio::test(start_paused = true)]
+async fn an_import_replaces_a_kosmos_copy_that_inherited_the_relays_marks() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let mut vol = shared_volume(&b, AccessMode::SingleNodeWriter);
+    on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
+    let uuid = MemberVolume::of(&vol).unwrap().uuid;
+    let pv_name = import::pv_name(&uuid);
+    let mut copy = claim_of(&vol, "Lost", Some("pvc-host-1"));
+    copy["metadata"]["uid"] = json!("u-kosmos");
+    copy["metadata"]["annotations"]["kosmos.io/global"] = json!("true");
+    copy["metadata"]["labels"] = json!({
+        naming::VOLUME_UUID_LABEL: uuid,
+        import::IMPORTED_FROM_LABEL: "east",
+        "app.kubernetes.io/managed-by": "csi-relay",
+    });
+    copy["spec"]["storageClassName"] = json!("relay-shared");
+    let (result, (), (), ()) = tokio::join!(
+        b.attach(&vol, "host-w"),
+        async {
+            for _ in 0..2 {
+                host.expect("GET", "/api/v1/nodes/host-w")
+                    .await
+                    .ok(host_node("host-w", "west", "west-1"));
+            }
+        },
+        async {
+            east.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            east.expect_page(PODS).await.ok(pods(vec![]));
+            east.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
+            east.expect("GET", "/api/v1/persistentvolumes/pvc-e1")
+                .await
+                .ok(origin_pv());
+            east.expect_idle().await;
+        },
+        async {
+            let made = west.expect("POST", "/api/v1/persistentvolumes").await;
+            let pv = made.body.clone();
+            made.created();
+            // The copy holds the name.
+            west.expect("POST", PVCS).await.already_exists();
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(copy.clone());
+            let del = west.expect("DELETE", &format!("{PVCS}/data")).await;
+            assert_eq!(del.body["preconditions"]["uid"], "u-kosmos");
+            del.ok(copy.clone());
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .not_found();
+            let claim = west.expect("POST", PVCS).await;
+            assert_eq!(claim.body["spec"]["volumeName"], pv_name);
+            claim.created();
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
+            let mut bound = pv;
+            bound["metadata"]["name"] = json!(pv_name);
+            west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+                .await
+                .ok(bound);
+            west.expect_idle().await;
+        }
+    );
+    let ctx = result.unwrap();
+    assert_eq!(ctx[source::MEMBER], "west");
+}

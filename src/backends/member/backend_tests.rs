@@ -627,6 +627,40 @@ async fn create_refuses_a_pvc_of_another_volume() {
     assert!(err.to_string().contains(&name), "{err}");
 }
 
+/// A claim under the name that carries the relay's marks for this very
+/// volume (a Kosmos copy that inherited them from the host claim) but the
+/// host's class, and is Bound to data: not adopted as the relay's, and not
+/// replaced either, since it holds data.
+#[tokio::test(start_paused = true)]
+async fn create_refuses_a_bound_copy_that_inherited_the_relays_marks() {
+    let (b, mut api) = east();
+    let vol = standard(&b);
+    let name = pvc_name(&vol);
+    let (result, ()) = tokio::join!(b.create_volume(&vol, None), async {
+        api.expect("GET", "/apis/storage.k8s.io/v1/storageclasses/fast")
+            .await
+            .ok(
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                       "metadata": {"name": "fast"}, "provisioner": "x",
+                       "volumeBindingMode": "Immediate"}),
+            );
+        api.expect("POST", PVCS).await.already_exists();
+        let mut copy = claim(&vol, "Bound", Some("pv-data"));
+        copy["metadata"]["annotations"]["kosmos.io/global"] = "true".into();
+        copy["spec"]["storageClassName"] = "relay-east".into();
+        api.expect("GET", &format!("{PVCS}/{name}")).await.ok(copy);
+        api.expect_idle().await;
+    });
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("carries csi-relay's marks"), "{msg}");
+    assert!(
+        msg.contains("\"relay-east\"") && msg.contains("\"fast\""),
+        "{msg}"
+    );
+}
+
 /// What Kosmos leaves in the member when it mirrors the pod first: the host
 /// claim copied under the same name, marked global, with the host's class.
 fn kosmos_copy(vol: &Volume, uid: &str) -> Value {

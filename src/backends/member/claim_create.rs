@@ -45,11 +45,11 @@ pub async fn ensure(
         let Some(existing) = get(cluster, &namespace, &name).await? else {
             continue;
         };
-        if claim_copy::replaceable(&existing) {
+        if claim_copy::replaceable(&existing, pvc) {
             claim_copy::remove(cluster, &existing).await?;
             continue;
         }
-        return adopt(cluster, existing, volume_id);
+        return adopt(cluster, existing, pvc, volume_id);
     }
     Err(CsiError::Aborted(format!(
         "{}: PersistentVolumeClaim {namespace}/{name} was taken by another claim {REPLACE_ATTEMPTS} times while the relay created it; retry",
@@ -58,14 +58,25 @@ pub async fn ensure(
 }
 
 /// The claim found under the member PVC's name: the relay's own from an
-/// earlier attempt, or an error saying whose it is.
+/// earlier attempt, or an error saying whose it is. Its marks are not
+/// enough: a copy carries them too, so a claim whose spec is not what the
+/// relay made (`wanted`) is refused as someone else's.
 fn adopt(
     cluster: &Cluster,
     existing: PersistentVolumeClaim,
+    wanted: &PersistentVolumeClaim,
     volume_id: &str,
 ) -> CsiResult<PersistentVolumeClaim> {
     let namespace = existing.metadata.namespace.as_deref().unwrap_or_default();
     let name = existing.metadata.name.as_deref().unwrap_or_default();
+    if belongs_to(&existing, volume_id) {
+        if let Some(why) = claim_copy::not_the_relays(&existing, wanted) {
+            return Err(CsiError::AlreadyExists(format!(
+                "{}: PersistentVolumeClaim {namespace}/{name} carries csi-relay's marks for volume {volume_id} but is not the claim the relay made ({why}): a copy that inherited them (Kosmos copies a member claim's labels and annotations onto the host claim, and its copies of the host claim carry them) and that holds data, so the relay does not replace it: delete it if nothing needs it",
+                cluster.label(),
+            )));
+        }
+    }
     if !belongs_to(&existing, volume_id) {
         let whose = match annotation(&existing, naming::VOLUME_ID_ANNOTATION) {
             Some(other) => format!("the relay made it for volume {other}"),

@@ -394,7 +394,11 @@ pub async fn remove(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
             .as_ref()
             .and_then(|l| l.get(IMPORTED_FROM_LABEL))
             .is_some();
-        if pvc::belongs_to(&claim, volume_id) && marked {
+        // The import's claim names the import's PV; a copy that inherited
+        // the marks names the host's, and is not the relay's to delete.
+        let names_the_import = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref())
+            == Some(pv_name(&at.uuid).as_str());
+        if pvc::belongs_to(&claim, volume_id) && marked && names_the_import {
             pvc::delete_exactly(cluster, &claim).await?;
         }
     }
