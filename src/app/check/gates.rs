@@ -8,7 +8,6 @@
 //! own containers, so the finding is about what runs, not what was meant.
 
 use k8s_openapi::api::core::v1::{Container, Pod};
-use kube::api::{Api, ListParams};
 
 use super::report::{Clusters, Finding};
 
@@ -54,17 +53,9 @@ pub async fn check(c: &Clusters, namespace: &str, selector: &str) -> Vec<Finding
             ),
         )];
     };
-    let pods: Api<Pod> = Api::namespaced(c.host.client(), namespace);
-    let pods = match c
-        .host
-        .run(
-            "list the controller pods",
-            pods.list(&ListParams::default().labels(selector)),
-        )
-        .await
-    {
-        Ok(l) => l.items,
-        Err(e) => return vec![Finding::unchecked(KIND, subject, e.to_string())],
+    let pods = match super::replicas::controller_pods(c, namespace, selector).await {
+        Ok(p) => p,
+        Err(e) => return vec![Finding::unchecked(KIND, subject, e)],
     };
     judge(&version.git_version, kubernetes, namespace, &pods)
 }

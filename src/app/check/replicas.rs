@@ -40,17 +40,9 @@ pub async fn check(c: &Clusters, driver: &str, namespace: &str, selector: &str) 
             sidecars.push(l);
         }
     }
-    let pods: Api<Pod> = Api::namespaced(c.host.client(), namespace);
-    let pods = match c
-        .host
-        .run(
-            "list the controller pods",
-            pods.list(&ListParams::default().labels(selector)),
-        )
-        .await
-    {
-        Ok(l) => l.items,
-        Err(e) => return vec![Finding::unchecked(KIND, namespace, e.to_string())],
+    let pods = match controller_pods(c, namespace, selector).await {
+        Ok(p) => p,
+        Err(e) => return vec![Finding::unchecked(KIND, namespace, e)],
     };
     judge(
         driver,
@@ -60,6 +52,23 @@ pub async fn check(c: &Clusters, driver: &str, namespace: &str, selector: &str) 
         &pods,
         k8s_openapi::jiff::Timestamp::now(),
     )
+}
+
+/// The controller's pods: `selector` in `namespace`.
+pub async fn controller_pods(
+    c: &Clusters,
+    namespace: &str,
+    selector: &str,
+) -> Result<Vec<Pod>, String> {
+    let pods: Api<Pod> = Api::namespaced(c.host.client(), namespace);
+    c.host
+        .run(
+            "list the controller pods",
+            pods.list(&ListParams::default().labels(selector)),
+        )
+        .await
+        .map(|l| l.items)
+        .map_err(|e| e.to_string())
 }
 
 fn spec_holder(lease: &Lease) -> Option<&str> {

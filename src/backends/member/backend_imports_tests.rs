@@ -112,6 +112,48 @@ fn claim_of(vol: &Volume, phase: &str, pv: Option<&str>) -> Value {
     })
 }
 
+/// Host node host-w, asked twice, stands for west's node west-1.
+async fn host_w_in_west(host: &mut MockApi) {
+    for _ in 0..2 {
+        host.expect("GET", "/api/v1/nodes/host-w")
+            .await
+            .ok(host_node("host-w", "west", "west-1"));
+    }
+}
+
+/// East, the origin, while west imports: nobody uses the volume there, and
+/// its claim and bound PV are read for the import.
+async fn east_unused_origin(east: &mut MockApi, vol: &Volume) {
+    east.expect("GET", &format!("{PVCS}/data"))
+        .await
+        .ok(claim_of(vol, "Bound", Some("pvc-e1")));
+    east.expect_page(PODS).await.ok(pods(vec![]));
+    east.expect("GET", &format!("{PVCS}/data"))
+        .await
+        .ok(claim_of(vol, "Bound", Some("pvc-e1")));
+    east.expect("GET", "/api/v1/persistentvolumes/pvc-e1")
+        .await
+        .ok(origin_pv());
+    east.expect_idle().await;
+}
+
+/// West, once its import claim is made: Bound, then read again with its PV
+/// for the publish.
+async fn west_import_bound(west: &mut MockApi, vol: &Volume, pv: Value, pv_name: &str) {
+    west.expect("GET", &format!("{PVCS}/data"))
+        .await
+        .ok(claim_of(vol, "Bound", Some(pv_name)));
+    west.expect("GET", &format!("{PVCS}/data"))
+        .await
+        .ok(claim_of(vol, "Bound", Some(pv_name)));
+    let mut bound = pv;
+    bound["metadata"]["name"] = json!(pv_name);
+    west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+        .await
+        .ok(bound);
+    west.expect_idle().await;
+}
+
 fn origin_pv() -> Value {
     json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pvc-e1"},
            "spec": {"hostPath": {"path": "/mnt/east/vols/pvc-e1_relay_data", "type": "DirectoryOrCreate"},
@@ -183,27 +225,9 @@ async fn publish_in_another_member_imports_the_volume_first() {
     let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
     let (result, (), (), ()) = tokio::join!(
         b.attach(&vol, "host-w"),
-        async {
-            for _ in 0..2 {
-                host.expect("GET", "/api/v1/nodes/host-w")
-                    .await
-                    .ok(host_node("host-w", "west", "west-1"));
-            }
-        },
-        async {
-            // Single writer: nobody in east uses it.
-            east.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
-            east.expect_page(PODS).await.ok(pods(vec![]));
-            east.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
-            east.expect("GET", "/api/v1/persistentvolumes/pvc-e1")
-                .await
-                .ok(origin_pv());
-            east.expect_idle().await;
-        },
+        host_w_in_west(&mut host),
+        // Single writer: nobody in east uses it.
+        east_unused_origin(&mut east, &vol),
         async {
             let made = west.expect("POST", "/api/v1/persistentvolumes").await;
             let spec = &made.body["spec"];
@@ -234,19 +258,8 @@ async fn publish_in_another_member_imports_the_volume_first() {
                 "east"
             );
             claim.created();
-            west.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
-            // Then the publish as for any member volume, in west.
-            west.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
-            let mut bound = pv;
-            bound["metadata"]["name"] = json!(pv_name);
-            west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
-                .await
-                .ok(bound);
-            west.expect_idle().await;
+            // Bound, then the publish as for any member volume, in west.
+            west_import_bound(&mut west, &vol, pv, &pv_name).await;
         }
     );
     let ctx = result.unwrap();
@@ -753,26 +766,8 @@ async fn an_import_replaces_a_kosmos_copy_that_inherited_the_relays_marks() {
     copy["spec"]["storageClassName"] = json!("relay-shared");
     let (result, (), (), ()) = tokio::join!(
         b.attach(&vol, "host-w"),
-        async {
-            for _ in 0..2 {
-                host.expect("GET", "/api/v1/nodes/host-w")
-                    .await
-                    .ok(host_node("host-w", "west", "west-1"));
-            }
-        },
-        async {
-            east.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
-            east.expect_page(PODS).await.ok(pods(vec![]));
-            east.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some("pvc-e1")));
-            east.expect("GET", "/api/v1/persistentvolumes/pvc-e1")
-                .await
-                .ok(origin_pv());
-            east.expect_idle().await;
-        },
+        host_w_in_west(&mut host),
+        east_unused_origin(&mut east, &vol),
         async {
             let made = west.expect("POST", "/api/v1/persistentvolumes").await;
             let pv = made.body.clone();
@@ -791,18 +786,7 @@ async fn an_import_replaces_a_kosmos_copy_that_inherited_the_relays_marks() {
             let claim = west.expect("POST", PVCS).await;
             assert_eq!(claim.body["spec"]["volumeName"], pv_name);
             claim.created();
-            west.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
-            west.expect("GET", &format!("{PVCS}/data"))
-                .await
-                .ok(claim_of(&vol, "Bound", Some(&pv_name)));
-            let mut bound = pv;
-            bound["metadata"]["name"] = json!(pv_name);
-            west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
-                .await
-                .ok(bound);
-            west.expect_idle().await;
+            west_import_bound(&mut west, &vol, pv, &pv_name).await;
         }
     );
     let ctx = result.unwrap();
