@@ -40,6 +40,9 @@ if api_up; then
       if "$helm" --kubeconfig "$HKC" status csi-relay > /dev/null 2>&1; then
         "$helm" --kubeconfig "$HKC" uninstall csi-relay --wait --timeout 90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
       fi
+      # The release's namespace, which up.sh made (the chart never does), with the last helm
+      # test's pod in it.
+      kh delete namespace csi-relay --wait=false > /dev/null 2>&1 || true
     else
       kh delete -k "$RUN/kustomize" --wait=true --timeout=90s > "$RUN/logs/kit-delete.log" 2>&1 || rc=1
     fi

@@ -119,9 +119,13 @@ EOF
   t0=$(date +%s.%N)
   "$helm" --kubeconfig "$HKC" uninstall csi-relay --wait --timeout 180s > "$RUN/logs/helm-uninstall.log" 2>&1 \
     || { cat "$RUN/logs/helm-uninstall.log"; die "helm uninstall ($v)"; }
-  # The chart's node namespace goes; the release's own (csi-relay, up.sh made it) stays, empty.
-  waitfor 120 "namespace csi-relay-node and the pods of csi-relay gone" sh -c \
-    "! kubectl --kubeconfig '$HKC' get ns csi-relay-node > /dev/null 2>&1 && [ -z \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pods -o name)\" ]"
+  # The chart's node namespace goes; the release's own (csi-relay, up.sh made it) stays, with
+  # only the last `helm test` pod in it (helm keeps a test hook's pod for its logs; the next
+  # helm test replaces it).
+  waitfor 120 "namespace csi-relay-node and the controller pods gone" sh -c \
+    "! kubectl --kubeconfig '$HKC' get ns csi-relay-node > /dev/null 2>&1 && [ -z \"\$(kubectl --kubeconfig '$HKC' -n csi-relay get pods -l app=csi-relay-controller -o name)\" ]"
+  [[ "$(kh -n csi-relay get pods -o name)" == "pod/csi-relay-check" ]] \
+    || { kh -n csi-relay get pods; die "after helm uninstall, pods other than the last helm test's in csi-relay"; }
   local left; left=$(left_of "$helm")
   [[ $left == "CustomResourceDefinition//relayvolumes.relay.csi.dev" ]] || die "after helm uninstall, left: $left"
   local rvs; rvs=$(kh get relayvolumes -o name | wc -l)
