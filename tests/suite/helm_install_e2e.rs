@@ -220,8 +220,15 @@ fn both_helm_majors_install_as_users_type_it_on_a_real_api_server() {
             Ok(dir) => move_from_chart_0_1_0(&t, helm, major, &dir.path().join("deploy")),
             Err(why) => common::skip(&format!("helm {major}, from chart 0.1.0: {why}")),
         }
-        // What the chart leaves by design: the CRD.
-        t.kubectl_ok(&["delete", "crd", "relayvolumes.relay.csi.dev", "--wait=true"]);
+        kustomize_install_refuses_helm(&t, helm, major);
+        // What the chart leaves by design: the CRD (`delete -k` above took it already).
+        t.kubectl_ok(&[
+            "delete",
+            "crd",
+            "relayvolumes.relay.csi.dev",
+            "--ignore-not-found",
+            "--wait=true",
+        ]);
         eprintln!(
             "helm {major}: every invocation above on a real v1.28 API server in {:.1} s",
             start.elapsed().as_secs_f64()
@@ -594,4 +601,34 @@ fn move_from_chart_0_1_0(t: &Tools, helm: &Path, major: &str, old: &Path) {
     t.gone("namespace", None, "csi-relay-node");
     t.kubectl_ok(&["delete", "namespace", "csi-relay", "--wait=false"]);
     t.gone("namespace", None, "csi-relay");
+}
+
+/// An install made with `kubectl apply -k deploy/` holds the cluster: a helm
+/// release is refused, naming it, and nothing of the release is made.
+fn kustomize_install_refuses_helm(t: &Tools, helm: &Path, major: &str) {
+    let h = format!("helm {major}");
+    let base = chart("deploy");
+    t.kubectl_ok(&["apply", "-k", &base]);
+    let e = t
+        .helm(
+            helm,
+            &[
+                "install",
+                "relay",
+                &base,
+                "-n",
+                "other",
+                "--create-namespace",
+            ],
+        )
+        .expect_err("a release beside a kubectl apply -k install");
+    assert!(e.contains("not by helm"), "{h}: {e}");
+    assert!(t.releases(helm).is_empty(), "{h}");
+    assert!(
+        t.get("namespace", None, "other").is_none(),
+        "{h}: namespace other made"
+    );
+    t.kubectl_ok(&["delete", "-k", &base, "--wait=true"]);
+    t.gone("namespace", None, "csi-relay");
+    t.gone("namespace", None, "csi-relay-node");
 }
