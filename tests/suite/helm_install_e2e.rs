@@ -601,6 +601,28 @@ fn move_from_chart_0_1_0(t: &Tools, helm: &Path, major: &str, old: &Path) {
     t.gone("namespace", None, "csi-relay-node");
     t.kubectl_ok(&["delete", "namespace", "csi-relay", "--wait=false"]);
     t.gone("namespace", None, "csi-relay");
+
+    // The member chart of 0.1.0 owned namespace csi-relay too.
+    let old_member = old.join("member");
+    let old_member = old_member.to_str().expect("path");
+    let v1beta1 = ["--set", "admission=v1beta1"];
+    let mut install = vec!["install", "relay-member", old_member];
+    install.extend(v1beta1);
+    t.helm_ok(helm, &install);
+    let member = chart("deploy/member");
+    let mut upgrade = vec!["upgrade", "relay-member", member.as_str()];
+    upgrade.extend(v1beta1);
+    let e = t
+        .helm(helm, &upgrade)
+        .expect_err("a member upgrade from chart 0.1.0");
+    assert!(e.contains("was made by chart 0.1.0"), "{h}: {e}");
+    assert!(
+        t.get("serviceaccount", Some("csi-relay"), "csi-relay-member")
+            .is_some(),
+        "{h}: the refused upgrade changed the member identity"
+    );
+    t.helm_ok(helm, &["uninstall", "relay-member", "--wait"]);
+    t.gone("namespace", None, "csi-relay");
 }
 
 /// An install made with `kubectl apply -k deploy/` holds the cluster: a helm
