@@ -69,7 +69,10 @@ pub type Dirty = BTreeSet<String>;
 #[derive(Default)]
 pub struct MemberView {
     claims: HashMap<Key, Claim>,
-    by_id: HashMap<String, Key>,
+    /// Every relay claim of a volume in this member: a gated volume has
+    /// its data claim and, while a node of the member is attached, its
+    /// access claim, which the pods use.
+    by_id: HashMap<String, BTreeSet<Key>>,
     by_pv: HashMap<String, Key>,
     namespaces: BTreeMap<String, usize>,
     /// PVs some claim is bound to, and not yet read.
@@ -133,8 +136,11 @@ impl MemberView {
     pub fn set_claim(&mut self, key: Key, claim: Option<Claim>, dirty: &mut Dirty) {
         if let Some(old) = self.claims.remove(&key) {
             dirty.insert(old.volume_id.clone());
-            if self.by_id.get(&old.volume_id) == Some(&key) {
-                self.by_id.remove(&old.volume_id);
+            if let Some(keys) = self.by_id.get_mut(&old.volume_id) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.by_id.remove(&old.volume_id);
+                }
             }
             // The same claim still bound to the same PV (any other update
             // of it): what was read of the PV still holds.
@@ -163,7 +169,10 @@ impl MemberView {
             return;
         };
         dirty.insert(claim.volume_id.clone());
-        self.by_id.insert(claim.volume_id.clone(), key.clone());
+        self.by_id
+            .entry(claim.volume_id.clone())
+            .or_default()
+            .insert(key.clone());
         if let Some(pv) = &claim.volume_name {
             self.by_pv.insert(pv.clone(), key.clone());
             if !self.pvs.contains_key(pv) {
@@ -301,9 +310,35 @@ impl MemberView {
     /// The member nodes' states of volume `id`; `None` when no relay claim
     /// in this member carries it.
     pub fn state_of(&self, id: &str) -> Option<Vec<MemberNodeState>> {
-        let key = self.by_id.get(id)?;
-        let claim = self.claims.get(key)?;
+        let keys = self.by_id.get(id)?;
+        let mut raised: Vec<(&str, Phase, Option<String>)> = Vec::new();
+        for key in keys {
+            self.raise(key, &mut raised);
+        }
         let mut states: BTreeMap<&str, (Phase, BTreeSet<String>)> = BTreeMap::new();
+        for (node, phase, pod) in raised {
+            let entry = states.entry(node).or_insert((phase, BTreeSet::new()));
+            entry.0 = entry.0.max(phase);
+            entry.1.extend(pod);
+        }
+        Some(
+            states
+                .into_iter()
+                .map(|(node, (phase, pods))| MemberNodeState {
+                    node: node.to_string(),
+                    phase,
+                    pods: pods.into_iter().collect(),
+                })
+                .collect(),
+        )
+    }
+
+    /// What claim `key` says of its member nodes: attached, in use, and the
+    /// pods on it.
+    fn raise<'a>(&'a self, key: &'a Key, raised: &mut Vec<(&'a str, Phase, Option<String>)>) {
+        let Some(claim) = self.claims.get(key) else {
+            return;
+        };
         // Only a PV that really is bound to this claim counts.
         let pv = claim.volume_name.as_deref().and_then(|name| {
             let pv = self.pvs.get(name)?;
@@ -314,7 +349,6 @@ impl MemberView {
             };
             (ns == &key.0 && n == &key.1 && uid_matches).then_some((name, pv))
         });
-        let mut raised: Vec<(&str, Phase, Option<String>)> = Vec::new();
         if let Some((name, pv)) = pv {
             for va in self.attached_to.get(name).into_iter().flatten() {
                 if let Some(a) = self.attachments.get(va).filter(|a| a.attached) {
@@ -341,21 +375,6 @@ impl MemberView {
             };
             raised.push((node, phase, Some(format!("{}/{pod_name}", key.0))));
         }
-        for (node, phase, pod) in raised {
-            let entry = states.entry(node).or_insert((phase, BTreeSet::new()));
-            entry.0 = entry.0.max(phase);
-            entry.1.extend(pod);
-        }
-        Some(
-            states
-                .into_iter()
-                .map(|(node, (phase, pods))| MemberNodeState {
-                    node: node.to_string(),
-                    phase,
-                    pods: pods.into_iter().collect(),
-                })
-                .collect(),
-        )
     }
 }
 
@@ -486,6 +505,51 @@ mod tests {
         v.set_claim(key("shop", "pvc3"), None, &mut dirty);
         assert!(v.state_of("v1").is_none());
         assert_eq!(v.namespaces().count(), 0);
+    }
+
+    // A gated volume in its origin: the data claim no pod uses, and the
+    // access claim the pods use. Each counts; either may come and go, and
+    // updates of one never hide the other.
+    #[test]
+    fn every_claim_of_a_volume_in_a_member_counts() {
+        let mut v = MemberView::default();
+        let mut dirty = Dirty::new();
+        v.set_claim(
+            key("shop", "relay-0a1b"),
+            Some(claim("v1", Some("pv-data"))),
+            &mut dirty,
+        );
+        v.set_claim(
+            key("shop", "data"),
+            Some(claim("v1", Some("relay-0a1b-import"))),
+            &mut dirty,
+        );
+        v.set_pod(
+            key("shop", "web-0"),
+            Some(pod(Some("n1"), true, &["data"])),
+            &mut dirty,
+        );
+        let published = [(
+            "n1".to_string(),
+            Phase::Published,
+            vec!["shop/web-0".to_string()],
+        )];
+        assert_eq!(states(&v, "v1"), published);
+        // The data claim updated after the access claim: still seen.
+        v.set_claim(
+            key("shop", "relay-0a1b"),
+            Some(claim("v1", Some("pv-data"))),
+            &mut dirty,
+        );
+        assert_eq!(states(&v, "v1"), published);
+        // The access claim goes (unpublish): the volume stays known, unused.
+        v.set_pod(key("shop", "web-0"), None, &mut dirty);
+        v.set_claim(key("shop", "data"), None, &mut dirty);
+        assert!(states(&v, "v1").is_empty());
+        assert_eq!(v.namespaces().count(), 1);
+        v.set_claim(key("shop", "relay-0a1b"), None, &mut dirty);
+        assert!(v.state_of("v1").is_none());
+        assert!(v.by_id.is_empty());
     }
 
     // Any other update of a bound claim (its status, an annotation) keeps

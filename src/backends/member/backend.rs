@@ -9,7 +9,8 @@ use kube::api::Api;
 
 use crate::backends::member::pvc::{self, ClaimPlan, DataSource};
 use crate::backends::member::{
-    attach, capacity, claim_bound, claim_create, group_snapshot, import, namespace, snapshot,
+    access, attach, capacity, claim_bound, claim_create, group_snapshot, import, namespace,
+    snapshot,
 };
 use crate::backends::{
     Backend, CapacityReport, DataKind, GroupCut, Health, NodeSource, OwnAttachment, Placement,
@@ -211,16 +212,22 @@ impl MemberBackend {
             (None, Some(_)) => pvc::storage_class(cluster, None).await?,
             (None, None) => None,
         };
-        let selected_node = at
-            .selected_node
-            .as_deref()
-            .filter(|_| class.as_ref().is_some_and(pvc::binds_late));
+        let late = class.as_ref().is_some_and(pvc::binds_late);
+        let selected_node = match at.selected_node.clone().filter(|_| late) {
+            // A gated volume's data claim is never a pod's, so no consumer
+            // will ever bind it: the relay sends it to a node of the member
+            // (every node there reaches shared storage).
+            None if late && access::claim_of(&params, &at).is_some() => {
+                access::some_node(cluster).await?
+            }
+            chosen => chosen,
+        };
         let claim = pvc::manifest(&ClaimPlan {
             vol,
             at: &at,
             params: &params,
             data_source,
-            selected_node,
+            selected_node: selected_node.as_deref(),
             driver_name: &self.driver_name,
         });
         if Flag::on(params.create_member_namespace) {
@@ -584,14 +591,20 @@ impl Backend for MemberBackend {
         &self,
         name: &str,
         params: &VolumeParams,
-        _caps: &[Capability],
+        caps: &[Capability],
         req: Option<&csi::TopologyRequirement>,
         _source: Option<&Backing>,
     ) -> CsiResult<Placement> {
         self.check_parameters(params)?;
         let (member, selected_node) = self.choose(params, req)?;
         let uuid = naming::volume_uuid(&self.driver_name, name);
-        let (namespace, pvc) = naming::member_claim(params, &uuid.simple().to_string())?;
+        let (namespace, mut pvc) = naming::member_claim(params, &uuid.simple().to_string())?;
+        let sharing = sharing_of(params)?;
+        if access::gated(params, caps, sharing.as_ref()) {
+            // The data under a name no pod looks for: members reach it
+            // through the access claims publish makes (`access`).
+            pvc = naming::pvc_name(&uuid.simple().to_string());
+        }
         let context = BTreeMap::from([
             (source::MEMBER.to_string(), member.clone()),
             (source::MEMBER_NAMESPACE.to_string(), namespace.clone()),
@@ -600,7 +613,7 @@ impl Backend for MemberBackend {
         // Shared storage is reachable from every sharing member: the host
         // scheduler may place the volume's pods on any of them.
         let mut reach = vec![member.clone()];
-        if let Some(sharing) = sharing_of(params)? {
+        if let Some(sharing) = sharing {
             reach.extend(
                 sharing
                     .members()
@@ -743,12 +756,16 @@ impl Backend for MemberBackend {
         let at = MemberVolume::of(vol)?;
         // Every import goes before the data does (its removal never
         // deletes data); the data goes once, in the member that made it.
-        if let Some(sharing) = sharing_of(&decode_volume_params(vol)?)? {
+        // A gated volume has its access claims in the origin too.
+        let params = decode_volume_params(vol)?;
+        if let Some(sharing) = sharing_of(&params)? {
+            let gate = access::claim_of(&params, &at);
+            let claim = gate.clone().unwrap_or_else(|| at.clone());
             for member in sharing
                 .members()
-                .filter(|m| *m != at.member && !self.is_lost(m))
+                .filter(|m| (gate.is_some() || *m != at.member) && !self.is_lost(m))
             {
-                import::remove(self.cluster(member)?, &at, &vol.id).await?;
+                import::remove(self.cluster(member)?, &claim, &vol.id).await?;
             }
         }
         if let Some(left) = self.left_behind(vol) {
@@ -1354,18 +1371,28 @@ impl Backend for MemberBackend {
             .and_then(|n| n.attachment.as_ref())
             .map(|a| &a.publish_context);
         let origin = MemberVolume::of(vol)?;
-        let at = match sharing_of(&decode_volume_params(vol)?)? {
+        let params = decode_volume_params(vol)?;
+        let at = match sharing_of(&params)? {
             Some(sharing) => {
                 let member = self.used_in(vol, node_id, &origin.member).await?;
-                if member == origin.member || !sharing.includes(&member) {
+                let gate = access::claim_of(&params, &origin);
+                let member = if sharing.includes(&member) {
+                    member
+                } else {
+                    origin.member.clone()
+                };
+                if member == origin.member && gate.is_none() {
                     origin
                 } else {
+                    // An import, or a gated volume's access claim (in the
+                    // origin too): it goes with the member's last node.
+                    let claim = gate.unwrap_or_else(|| origin.clone());
                     let at = MemberVolume {
                         member,
-                        ..origin.clone()
+                        ..claim.clone()
                     };
                     self.detach_in(vol, node_id, &at, context).await?;
-                    return self.release_import(vol, node_id, &origin, &at.member).await;
+                    return self.release_import(vol, node_id, &claim, &at.member).await;
                 }
             }
             None => origin,

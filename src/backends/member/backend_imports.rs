@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 use super::*;
+use crate::domain::volume::Progress;
 
 impl MemberBackend {
     /// The member a host node runs its pods in (its label); None without a
@@ -47,8 +48,9 @@ impl MemberBackend {
 
     /// Where a node of a shared volume uses it: the origin, or an import
     /// into its own member, made here before ControllerPublishVolume
-    /// answers. A writer is refused while a pod in another member uses the
-    /// volume.
+    /// answers. A gated volume (`access`) is used in every member, the
+    /// origin included, through the access claim made here. A writer is
+    /// refused while another member holds the volume.
     pub(super) async fn shared_place(
         &self,
         vol: &Volume,
@@ -56,23 +58,92 @@ impl MemberBackend {
         sharing: &Sharing,
         node_id: &str,
     ) -> CsiResult<MemberVolume> {
-        let to = self
+        let here = self
             .node_member(node_id)
             .await?
-            .filter(|m| *m != origin.member && sharing.includes(m));
-        let here = to.clone().unwrap_or_else(|| origin.member.clone());
+            .filter(|m| sharing.includes(m))
+            .unwrap_or_else(|| origin.member.clone());
+        let gate = access::claim_of(&decode_volume_params(vol)?, origin);
+        let claim = gate.clone().unwrap_or_else(|| origin.clone());
         if writes_alone(vol, node_id) {
-            self.held_elsewhere(vol, origin, sharing, &here, node_id)
-                .await?;
+            match &gate {
+                Some(access) => {
+                    self.held_by_another(vol, access, sharing, &here, node_id)
+                        .await?
+                }
+                None => {
+                    self.held_elsewhere(vol, origin, sharing, &here, node_id)
+                        .await?
+                }
+            }
         }
-        let Some(to) = to else {
-            return Ok(origin.clone());
-        };
-        self.import_into(vol, origin, sharing, &to).await?;
+        if gate.is_none() && here == origin.member {
+            return Ok(claim);
+        }
+        self.import_into(vol, origin, &claim, sharing, &here)
+            .await?;
         Ok(MemberVolume {
-            member: to,
-            ..origin.clone()
+            member: here,
+            ..claim
         })
+    }
+
+    /// A gated volume's single-writer rule (`access::refusal`):
+    /// FAILED_PRECONDITION while a writer's finished attachment is recorded
+    /// on a host node of another member, or while another member has the
+    /// volume's access claim (used or not: a pod may start on it at any
+    /// moment, and it goes only at that member's last unpublish). A member
+    /// declared lost counts for nothing (the operator's word that nothing
+    /// runs there); one that cannot be asked fails the call.
+    async fn held_by_another(
+        &self,
+        vol: &Volume,
+        claim: &MemberVolume,
+        sharing: &Sharing,
+        here: &str,
+        node_id: &str,
+    ) -> CsiResult<()> {
+        let refuse = |why: String| {
+            CsiError::FailedPrecondition(format!(
+                "volume {} has a single-writer access mode and {why}; host node {node_id} (member cluster {here}) can use it once they let go",
+                vol.id
+            ))
+        };
+        let mut held = Vec::new();
+        for (other, n) in &vol.nodes {
+            let done = n
+                .attachment
+                .as_ref()
+                .is_some_and(|a| a.progress == Progress::Done);
+            if other != node_id && done && writes_alone(vol, other) {
+                held.push(access::Held {
+                    member: self.used_in(vol, other, &claim.member).await?,
+                    by: access::Holder::HostNode(other.clone()),
+                });
+            }
+        }
+        let lost = |m: &str| self.is_lost(m);
+        if let Some(why) = access::refusal(here, &held, lost) {
+            return Err(refuse(why));
+        }
+        for member in sharing.members().filter(|m| *m != here && !self.is_lost(m)) {
+            let cluster = self.cluster(member)?;
+            let found = pvc::get(cluster, &claim.namespace, &claim.pvc).await?;
+            if !found.is_some_and(|c| import::is_access_claim(&c, claim, &vol.id)) {
+                continue;
+            }
+            held.push(access::Held {
+                member: member.to_string(),
+                by: access::Holder::Claim {
+                    path: claim.pvc_path(),
+                    users: import::users(cluster, claim).await?,
+                },
+            });
+        }
+        match access::refusal(here, &held, lost) {
+            Some(why) => Err(refuse(why)),
+            None => Ok(()),
+        }
     }
 
     /// FAILED_PRECONDITION naming the member, pods and nodes that use a
@@ -183,46 +254,50 @@ impl MemberBackend {
             .map_err(|why| refuse(format!("its recorded shared source is unreadable: {why}")))
     }
 
-    /// Makes the import of `vol` in member `to` from the origin's bound PV.
+    /// Makes the import of `vol` in member `to` from the origin's bound PV,
+    /// under `claim`'s name (the origin claim's, or a gated volume's access
+    /// claim).
     async fn import_into(
         &self,
         vol: &Volume,
         origin: &MemberVolume,
+        claim: &MemberVolume,
         sharing: &Sharing,
         to: &str,
     ) -> CsiResult<()> {
         let target = self.cluster(to)?;
-        let path = origin.pvc_path();
+        let path = claim.pvc_path();
         let pv = self.origin_pv(vol, origin, to).await?;
         let params = decode_volume_params(vol)?;
-        let wanted = import::pv_manifest(vol, origin, &pv, sharing, to, &self.driver_name)?;
-        let claim = import::claim_manifest(
-            origin,
+        let wanted = import::pv_manifest(vol, claim, &pv, sharing, to, &self.driver_name)?;
+        let made = import::claim_manifest(
+            claim,
             &wanted,
             naming::pvc_metadata(vol, &origin.uuid, &params, &self.driver_name),
         );
         if Flag::on(params.create_member_namespace) {
-            namespace::ensure(target, &origin.namespace).await?;
+            namespace::ensure(target, &claim.namespace).await?;
         }
-        import::ensure(target, origin, &wanted, &claim, &vol.id, self.wait).await?;
+        import::ensure(target, claim, &wanted, &made, &vol.id, self.wait).await?;
         tracing::info!(volume_id = %vol.id, from = %origin.member, to, claim = %path, "volume imported");
         Ok(())
     }
 
     /// After `node_id` let go of the volume in member `member`: the import
-    /// there goes once no other node of the record uses it there.
+    /// there (named as `claim`) goes once no other node of the record uses
+    /// it there.
     pub(super) async fn release_import(
         &self,
         vol: &Volume,
         node_id: &str,
-        origin: &MemberVolume,
+        claim: &MemberVolume,
         member: &str,
     ) -> CsiResult<()> {
         for (other, n) in &vol.nodes {
             if other == node_id || n.attachment.is_none() {
                 continue;
             }
-            if self.used_in(vol, other, &origin.member).await? == member {
+            if self.used_in(vol, other, &claim.member).await? == member {
                 tracing::info!(volume_id = %vol.id, node_id, member, holder = %other, "import kept: another host node uses it");
                 return Ok(());
             }
@@ -230,7 +305,7 @@ impl MemberBackend {
         if self.is_lost(member) {
             return Ok(());
         }
-        import::remove(self.cluster(member)?, origin, &vol.id).await
+        import::remove(self.cluster(member)?, claim, &vol.id).await
     }
 }
 

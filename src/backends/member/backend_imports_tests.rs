@@ -56,7 +56,18 @@ fn cap(mode: AccessMode) -> Capability {
     Capability::mount(mode)
 }
 
+/// A shared volume as made before gating (`access`): its origin claim
+/// under the host claim's name, which these tests cover; gated volumes
+/// are `backend_access_tests`'.
 fn shared_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
+    let mut vol = placed_volume(b, mode);
+    if let Backing::Member { pvc, .. } = &mut vol.backing {
+        *pvc = "data".into();
+    }
+    vol
+}
+
+pub(super) fn placed_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
     let parameters = shared_params(true);
     let map: HashMap<String, String> = parameters.clone().into_iter().collect();
     let typed: VolumeParams = params::decode(&map, "parameters").unwrap();

@@ -318,6 +318,17 @@ async fn release_stale_binding(
     Ok(())
 }
 
+/// Whether `claim` is the relay's access claim (or import claim) of the
+/// volume `at` names: what decides is what the relay made and the member
+/// cannot have copied, the binding to the import PV by `volumeName`
+/// (immutable once set, and that PV's `claimRef` names this claim); the
+/// marks alone are not enough, since Kosmos copies them.
+pub fn is_access_claim(claim: &PersistentVolumeClaim, at: &MemberVolume, volume_id: &str) -> bool {
+    let names_the_import = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref())
+        == Some(pv_name(&at.uuid).as_str());
+    names_the_import && pvc::belongs_to(claim, volume_id)
+}
+
 /// The pods of `cluster` placed on a node that use the claim named as the
 /// volume's, as `pod ns/name on node N` (finished pods do not count).
 pub async fn users(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<String>> {
@@ -388,17 +399,9 @@ pub async fn remove(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
         )));
     }
     if let Some(claim) = pvc::get(cluster, &at.namespace, &at.pvc).await? {
-        let marked = claim
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(IMPORTED_FROM_LABEL))
-            .is_some();
         // The import's claim names the import's PV; a copy that inherited
         // the marks names the host's, and is not the relay's to delete.
-        let names_the_import = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref())
-            == Some(pv_name(&at.uuid).as_str());
-        if pvc::belongs_to(&claim, volume_id) && marked && names_the_import {
+        if is_access_claim(&claim, at, volume_id) {
             pvc::delete_exactly(cluster, &claim).await?;
         }
     }

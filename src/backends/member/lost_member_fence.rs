@@ -25,7 +25,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Preconditions};
 
-use crate::backends::member::{import, pvc};
+use crate::backends::member::{access, import, pvc};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::params;
 use crate::domain::sharing::Sharing;
@@ -81,10 +81,18 @@ pub async fn round(cluster: &Cluster, volumes: &[Volume]) -> CsiResult<Vec<Strin
 /// Fences one volume's claim in the lost member; what it deleted goes into
 /// `fenced`.
 async fn fence_volume(cluster: &Cluster, vol: &Volume, fenced: &mut Vec<String>) -> CsiResult<()> {
-    let at = MemberVolume::of(vol)?;
+    let origin = MemberVolume::of(vol)?;
+    let map = vol.parameters.clone().into_iter().collect();
+    let typed = params::decode(&map, "parameters")?;
+    // A gated volume's pods use its access claim, in every member.
+    let gate = access::claim_of(&typed, &origin);
+    let at = gate.clone().unwrap_or(origin);
     let ours = pvc::get(cluster, &at.namespace, &at.pvc)
         .await?
-        .is_some_and(|c| pvc::belongs_to(&c, &vol.id));
+        .is_some_and(|c| match gate {
+            Some(_) => import::is_access_claim(&c, &at, &vol.id),
+            None => pvc::belongs_to(&c, &vol.id),
+        });
     if !ours {
         return Ok(());
     }

@@ -15,6 +15,7 @@
 //! Every API call is bounded by [`crate::k8s::CALL_TIMEOUT`]; an unreachable cluster is
 //! UNAVAILABLE naming it, never a hang.
 
+pub mod access;
 pub mod attach;
 pub mod backend;
 pub mod capacity;
