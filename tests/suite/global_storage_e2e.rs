@@ -163,9 +163,21 @@ impl Ctx {
         pods::none_left(cluster, ns, APP, WAIT).await
     }
 
-    async fn attach_error(&self, ns: &str, node: &str) -> String {
-        let pv = pods::host_pv(&self.host, ns, "data").await;
-        pods::attach_error(&self.host, &pv, node, WAIT).await
+    /// What the host tells of host pod `pod` failing to attach its volume
+    /// (the attach/detach controller's Multi-Attach refusal, or the
+    /// relay's answer): the event's message.
+    async fn attach_refusal(&self, ns: &str, pod: &str) -> String {
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(self.host.clone(), ns);
+        eventually(&format!("{ns}: why {pod} waits"), WAIT, || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find_map(|e| {
+                (e.involved_object.name.as_deref() == Some(pod)
+                    && e.reason.as_deref() == Some("FailedAttachVolume"))
+                .then_some(e.message)
+                .flatten()
+            })
+        })
+        .await
     }
 
     async fn detached(&self, ns: &str, node: &str) {
@@ -192,21 +204,31 @@ impl Ctx {
             .expect("create host PVC");
     }
 
-    /// The directory of the volume, from the origin's (member1's) PV.
+    /// The directory of the volume, from a PV of member1 (the origin)
+    /// bound to one of the volume's claims there: the data claim of a
+    /// single-writer volume (`relay-<uuid>`, which no pod uses) or its
+    /// access claim, or a ReadWriteMany volume's claim under the host
+    /// claim's name; all name the same directory.
     async fn origin_dir(&self, ns: &str) -> PathBuf {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.member1.clone(), ns);
         let pvs: Api<PersistentVolume> = Api::all(self.member1.clone());
-        let pv = eventually(&format!("member1's claim {ns}/data Bound"), WAIT, || {
+        let pv = eventually(&format!("member1's claim of {ns}/data Bound"), WAIT, || {
             let (claims, pvs) = (claims.clone(), pvs.clone());
             async move {
-                let claim = claims.get_opt("data").await.ok().flatten()?;
-                claim
-                    .metadata
-                    .annotations
-                    .as_ref()?
-                    .get("relay.csi.dev/volume-id")?;
-                let pv = claim.spec?.volume_name?;
-                pvs.get_opt(&pv).await.ok().flatten()
+                for claim in claims.list(&ListParams::default()).await.ok()?.items {
+                    let ours = claim
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .is_some_and(|a| a.contains_key("relay.csi.dev/volume-id"));
+                    let Some(pv) = claim.spec.and_then(|s| s.volume_name).filter(|_| ours) else {
+                        continue;
+                    };
+                    if let Some(pv) = pvs.get_opt(&pv).await.ok().flatten() {
+                        return Some(pv);
+                    }
+                }
+                None
             }
         })
         .await;
@@ -328,11 +350,49 @@ impl Ctx {
             .ok()
             .flatten()
             .is_some_and(|c| {
-                c.metadata
-                    .labels
-                    .is_some_and(|l| l.get(IMPORTED_FROM).map(String::as_str) == Some("member1"))
+                // What the relay made: bound by name to its import PV (a
+                // copy may carry every label of it, never this binding).
+                let bound_to_import = c
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.volume_name.as_deref())
+                    .is_some_and(|v| v.starts_with("relay-") && v.ends_with("-import"));
+                bound_to_import
+                    && c.metadata.labels.is_some_and(|l| {
+                        l.get(IMPORTED_FROM).map(String::as_str) == Some("member1")
+                    })
             });
         (pv, claim)
+    }
+
+    /// A claim in member2 as Kosmos copies the host claim (its mark
+    /// `kosmos.io/global`, the host's class, the host PV's name), carrying
+    /// every label and annotation of the relay's claim in member1.
+    async fn plant_marked_copy(&self, ns: &str) {
+        let theirs = Api::<PersistentVolumeClaim>::namespaced(self.member1.clone(), ns)
+            .get("data")
+            .await
+            .expect("member1's claim of the volume");
+        let host_pv = pods::host_pv(&self.host, ns, "data").await;
+        let _ = Api::<Namespace>::all(self.member2.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
+            )
+            .await;
+        let mut annotations = theirs.metadata.annotations.unwrap_or_default();
+        annotations.insert("kosmos.io/global".into(), "true".into());
+        let copy = json!({"metadata": {"name": "data", "labels": theirs.metadata.labels,
+                                       "annotations": annotations},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "global",
+                     "volumeName": host_pv, "resources": {"requests": {"storage": "16Mi"}}}});
+        Api::<PersistentVolumeClaim>::namespaced(self.member2.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(copy).expect("pvc"),
+            )
+            .await
+            .expect("plant the marked copy in member2");
     }
 
     /// Until the RelayVolume of `host_pvc` lists exactly these imports,
@@ -618,6 +678,10 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         seconds(t.elapsed())
     );
 
+    // What Kosmos made in one run: a copy of the host claim in member2
+    // (the host's class, the host PV's name) that carries every mark of
+    // the relay's claim in member1. The relay must replace it as any copy.
+    ctx.plant_marked_copy(&ns).await;
     let t = Instant::now();
     ctx.move_to(&ns, KOSMOS2).await;
     ctx.old_pod_released(&ns, &ctx.member1).await;
@@ -683,8 +747,10 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         seconds(t.elapsed())
     );
 
-    // ---- ReadWriteOnce in two members at once: refused while a member1
-    // pod (not the Deployment's) uses the volume.
+    // ---- ReadWriteOnce: a pod made in member1 by hand, with no host
+    // attachment, never reaches the volume: member1 has no claim of it
+    // while no host node of member1 is attached (its data claim is under
+    // a name no pod looks for). The Deployment moved to member2 runs.
     ctx.scale(&ns, 0).await;
     Ctx::pods_gone(&ctx.member1, &ns).await;
     ctx.host_pods_gone(&ns).await;
@@ -693,7 +759,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         "spec": {"nodeName": MEMBER1_NODE, "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "sleep 3600"],
+                "command": ["sh", "-c", "echo holder >> /data/holder-wrote; sleep 3600"],
                 "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
             "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}});
     let member1_pods: Api<Pod> = Api::namespaced(ctx.member1.clone(), &ns);
@@ -704,37 +770,35 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         )
         .await
         .expect("a member1 pod on the volume");
-    eventually("member1's holder Running", WAIT, || async {
-        let p = member1_pods.get("holder").await.ok()?;
-        (p.status?.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await;
+    let t = Instant::now();
     ctx.move_to(&ns, KOSMOS2).await;
     ctx.scale(&ns, 1).await;
-    let error = ctx.attach_error(&ns, KOSMOS2).await;
-    assert!(
-        error.contains(&format!(
-            "in use in member cluster member1 by pod {ns}/holder on node {MEMBER1_NODE}"
-        )),
-        "{error}"
-    );
-    println!("figure: ReadWriteOnce on {KOSMOS2} while a member1 pod uses it: ControllerPublishVolume refused: {error}");
+    let second = ctx.pod_running(&ctx.member2, &ns, None).await;
+    file_says(&dir.join(format!("seen-{second}")), &token).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        Ctx::running_pods(&ctx.member2, &ns).await.is_empty(),
-        "nothing runs in member2 meanwhile"
+    let phase = member1_pods
+        .get("holder")
+        .await
+        .ok()
+        .and_then(|p| p.status?.phase);
+    assert_ne!(
+        phase.as_deref(),
+        Some("Running"),
+        "member1's own pod never runs"
     );
-    let t = Instant::now();
+    assert!(
+        !dir.join("holder-wrote").exists(),
+        "member1's own pod never wrote"
+    );
+    println!(
+        "figure: ReadWriteOnce: a pod made in member1 with no host attachment stays {} (no claim of the volume there); the Deployment on {KOSMOS2} Running {} s after",
+        phase.as_deref().unwrap_or("?"),
+        seconds(t.elapsed())
+    );
     member1_pods
         .delete("holder", &DeleteParams::default())
         .await
         .expect("delete the holder");
-    let second = ctx.pod_running(&ctx.member2, &ns, None).await;
-    file_says(&dir.join(format!("seen-{second}")), &token).await;
-    println!(
-        "figure: ReadWriteOnce: member2's pod Running {} s after member1's let go",
-        seconds(t.elapsed())
-    );
 
     // ---- A host kubelet node mapped to member2 uses the volume member1 made.
     ctx.scale(&ns, 0).await;
@@ -807,6 +871,10 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
         seconds(t.elapsed())
     );
     ctx.delete_and_check_nothing_left(&ns, [dir, dir2]).await;
+
+    // ---- Races: two pods of one ReadWriteOnce claim, one per member,
+    // in both orders, all rounds at once; judged by what each wrote.
+    race_rounds(&ctx, &shared).await;
 
     // ---- Member1 lost: stopped, declared lost, the Deployment moved to
     // member2 runs on its data; member1 back, its pods are fenced.
@@ -980,6 +1048,185 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
 
     let _ = classes.delete("global", &DeleteParams::default()).await;
     drop(relay);
+}
+
+/// Rounds of the race, all at once (each in a namespace of its own).
+const RACE_ROUNDS: usize = 10;
+
+/// A pod on `node` that appends the current second to `w-<name>` twice a
+/// second: two writers show as seconds both files hold.
+fn racer(name: &str, node: &str) -> Value {
+    let script = format!("while true; do date +%s >> /data/w-{name}; sleep 0.5; done");
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "global"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+            "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+            "tolerations": [{"key": "kosmos.io/node", "operator": "Exists"}],
+            "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
+            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+}
+
+fn seconds_written(file: &Path) -> std::collections::BTreeSet<u64> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+struct RaceRound {
+    listed_first: &'static str,
+    winner: &'static str,
+    loser_after: Duration,
+}
+
+/// One round, as measured in the issue: a ReadWriteOnce claim first used
+/// by a pod on kosmos-member1, that pod gone and its attachment released;
+/// then two pods of the claim made back to back, one per member, member2's
+/// first in even rounds and member1's in odd ones. Whatever wins, only one
+/// member's pod runs and writes; once the winner is deleted the other runs,
+/// and no second holds writes of both.
+async fn race(ctx: &Ctx, shared: &Path, round: usize) -> RaceRound {
+    let ns = ctx.namespace(&format!("race{round}")).await;
+    ctx.claim(&ns, "global", "ReadWriteOnce").await;
+    let host_pods: Api<Pod> = Api::namespaced(ctx.host.clone(), &ns);
+    let make = |name: &str, node: &str| {
+        let pod = serde_json::from_value(racer(name, node)).expect("pod");
+        let host_pods = host_pods.clone();
+        async move {
+            host_pods
+                .create(&PostParams::default(), &pod)
+                .await
+                .expect("create a racer");
+        }
+    };
+    make("first", KOSMOS1).await;
+    ctx.pod_running(&ctx.member1, &ns, None).await;
+    let dir = ctx.origin_dir(&ns).await;
+    let _ = host_pods.delete("first", &DeleteParams::default()).await;
+    Ctx::pods_gone(&ctx.member1, &ns).await;
+    ctx.host_pods_gone(&ns).await;
+    ctx.detached(&ns, KOSMOS1).await;
+
+    let (listed_first, order) = if round % 2 == 0 {
+        ("member2", [("a", KOSMOS2), ("b", KOSMOS1)])
+    } else {
+        ("member1", [("b", KOSMOS1), ("a", KOSMOS2)])
+    };
+    for (name, node) in order {
+        make(name, node).await;
+    }
+    let members = [
+        ("member1", &ctx.member1, "b"),
+        ("member2", &ctx.member2, "a"),
+    ];
+    let (winner, winner_pod) = eventually(&format!("{ns}: a racer Running"), WAIT, || async {
+        for (member, cluster, pod) in members {
+            if Ctx::running_pods(cluster, &ns)
+                .await
+                .iter()
+                .any(|p| p == pod)
+            {
+                return Some((member, pod));
+            }
+        }
+        None
+    })
+    .await;
+    // Watch for 10 s: never a pod running in each member.
+    for _ in 0..20 {
+        let one = Ctx::running_pods(&ctx.member1, &ns).await;
+        let two = Ctx::running_pods(&ctx.member2, &ns).await;
+        assert!(
+            one.is_empty() || two.is_empty(),
+            "{ns}: pods Running in both members: {one:?} and {two:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let loser_name = if winner_pod == "a" { "b" } else { "a" };
+    let why = ctx.attach_refusal(&ns, loser_name).await;
+    assert!(
+        why.contains(winner_pod) || why.contains(winner),
+        "{ns}: the loser is told who holds the volume: {why}"
+    );
+    if round == 0 {
+        println!("figure: race: the loser's host pod is told: {why}");
+    }
+    let (_, winner_cluster, _) = members
+        .into_iter()
+        .find(|(m, _, _)| *m == winner)
+        .expect("the winner's member");
+    let (_, loser_cluster, loser_pod) = members
+        .into_iter()
+        .find(|(m, _, _)| *m != winner)
+        .expect("the loser's member");
+    let t = Instant::now();
+    let _ = host_pods.delete(winner_pod, &DeleteParams::default()).await;
+    ctx.old_pod_released(&ns, winner_cluster).await;
+    eventually(
+        &format!("{ns}: the loser {loser_pod} Running"),
+        WAIT,
+        || async {
+            Ctx::running_pods(loser_cluster, &ns)
+                .await
+                .iter()
+                .any(|p| p == loser_pod)
+                .then_some(())
+        },
+    )
+    .await;
+    let loser_after = t.elapsed();
+    // The loser writes for a while, then the data is judged.
+    eventually(&format!("{ns}: the loser writes"), WAIT, || async {
+        (seconds_written(&dir.join(format!("w-{loser_pod}"))).len() >= 3).then_some(())
+    })
+    .await;
+    let won = seconds_written(&dir.join(format!("w-{winner_pod}")));
+    let lost = seconds_written(&dir.join(format!("w-{loser_pod}")));
+    assert!(
+        won.len() >= 10,
+        "{ns}: the winner wrote for the 10 s watched: {won:?}"
+    );
+    let both: Vec<&u64> = won.intersection(&lost).collect();
+    assert!(
+        both.is_empty(),
+        "{ns}: seconds in which both members' pods wrote: {both:?}"
+    );
+    assert!(
+        won.last() < lost.first(),
+        "{ns}: the loser wrote before the winner stopped: {won:?} / {lost:?}"
+    );
+    ctx.delete_and_check_nothing_left(&ns, [dir.clone(), through_member2(&dir, shared)])
+        .await;
+    RaceRound {
+        listed_first,
+        winner,
+        loser_after,
+    }
+}
+
+async fn race_rounds(ctx: &Ctx, shared: &Path) {
+    let t = Instant::now();
+    let rounds = futures::future::join_all((0..RACE_ROUNDS).map(|r| race(ctx, shared, r))).await;
+    let mut waits: Vec<f64> = rounds.iter().map(|r| r.loser_after.as_secs_f64()).collect();
+    waits.sort_by(f64::total_cmp);
+    let listed_won = rounds.iter().filter(|r| r.listed_first == r.winner).count();
+    for (i, r) in rounds.iter().enumerate() {
+        println!(
+            "figure: race {i}: {} listed first, {} won, the other Running {} s after the winner's pod was deleted",
+            r.listed_first,
+            r.winner,
+            seconds(r.loser_after)
+        );
+    }
+    println!(
+        "figure: races: {RACE_ROUNDS} rounds (both orders), two writers in none (judged by the seconds each pod wrote); the pod listed first won {listed_won}; the loser Running {:.1}/{:.1}/{:.1} s (min/median/max) after the winner's pod was deleted; all rounds {} s",
+        waits[0],
+        waits[waits.len() / 2],
+        waits[waits.len() - 1],
+        seconds(t.elapsed())
+    );
 }
 
 /// A pod of member1's own on the volume's claim, writing a count into

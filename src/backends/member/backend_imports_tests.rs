@@ -700,21 +700,40 @@ async fn an_import_claim_not_bound_in_time_is_unavailable_naming_it() {
     );
     tokio::pin!(ensure);
     let mut reads = 0;
+    let mut nudges = 0;
+    let mut pending = serde_json::to_value(&claim).unwrap();
+    pending["metadata"]["uid"] = json!("c-9");
+    pending["status"] = json!({"phase": "Pending"});
     let result = loop {
         tokio::select! {
             r = &mut ensure => break r,
             call = west.next() => match (call.method.as_str(), call.path.as_str()) {
+                ("POST", path) if path.ends_with("/persistentvolumeclaims") => {
+                    call.reply(201, pending.clone())
+                }
                 ("POST", _) => call.created(),
                 ("GET", path) if path.ends_with("/persistentvolumeclaims/data") => {
                     reads += 1;
-                    let mut pending = serde_json::to_value(&claim).unwrap();
-                    pending["status"] = json!({"phase": "Pending"});
-                    call.ok(pending)
+                    call.ok(pending.clone())
+                }
+                // The PV side is done (it names the claim's uid): the
+                // claim is nudged, once.
+                ("GET", path) if path.contains("/persistentvolumes/") => {
+                    let mut bound = serde_json::to_value(&pv).unwrap();
+                    bound["spec"]["claimRef"]["uid"] = json!("c-9");
+                    call.ok(bound)
+                }
+                ("PATCH", path) if path.ends_with("/persistentvolumeclaims/data") => {
+                    nudges += 1;
+                    assert_eq!(call.body["metadata"]["uid"], "c-9", "{}", call.body);
+                    assert!(call.body["metadata"]["annotations"]["relay.csi.dev/bind-nudged"].is_string());
+                    call.ok(pending.clone())
                 }
                 (m, p) => panic!("unexpected {m} {p}"),
             },
         }
     };
+    assert_eq!(nudges, 1);
     let err = result.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     let pv_name = import::pv_name(&at.uuid);
@@ -803,3 +822,6 @@ async fn an_import_replaces_a_kosmos_copy_that_inherited_the_relays_marks() {
     let ctx = result.unwrap();
     assert_eq!(ctx[source::MEMBER], "west");
 }
+
+#[path = "backend_access_tests.rs"]
+mod gated;

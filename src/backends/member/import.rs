@@ -260,19 +260,20 @@ pub async fn ensure(
     let made = claim_create::ensure(cluster, claim, volume_id).await?;
     release_stale_binding(cluster, &existing, &made).await?;
     let path = at.pvc_path();
-    let waited = converge::until(
-        cluster,
-        &claims(cluster, &at.namespace),
-        made,
-        wait,
-        |c| pvc::phase(c) == "Bound",
-        || {
-            CsiError::Aborted(format!(
-                "{label}: import claim {path} was deleted while binding; retry"
-            ))
-        },
-    )
-    .await?;
+    let api = claims(cluster, &at.namespace);
+    let gone = || {
+        CsiError::Aborted(format!(
+            "{label}: import claim {path} was deleted while binding; retry"
+        ))
+    };
+    let bound = |c: &PersistentVolumeClaim| pvc::phase(c) == "Bound";
+    let first = wait.min(NUDGE_AFTER);
+    let mut waited = converge::until(cluster, &api, made, first, bound, gone).await?;
+    if let Waited::TimedOut(current) = waited {
+        nudge(cluster, &current, &name).await?;
+        let rest = wait.saturating_sub(first);
+        waited = converge::until(cluster, &api, current, rest, bound, gone).await?;
+    }
     match waited {
         Waited::Reached(_) => Ok(()),
         Waited::TimedOut(current) => Err(CsiError::Unavailable(format!(
@@ -281,6 +282,54 @@ pub async fn ensure(
             wait.as_secs()
         ))),
     }
+}
+
+/// How long an import claim may stay Pending before the relay nudges the
+/// member's PV controller. Measured on v1.28: the controller binds the PV
+/// to the new claim at once, and then, seemingly when the PV's event came
+/// before the claim's, leaves the claim Pending until its periodic resync
+/// (8.2 s after, with no other write to the claim): an update of the claim
+/// makes it finish at once.
+const NUDGE_AFTER: Duration = Duration::from_secs(2);
+
+/// Annotation the nudge writes (the time, so each nudge is a change).
+const NUDGE_ANNOTATION: &str = "relay.csi.dev/bind-nudged";
+
+/// Wakes the member's PV controller for `claim` once import PV `pv` names
+/// it (claimRef with its uid): an annotation update is an event for it.
+/// Nothing when the PV is not bound to it yet (the controller is still at
+/// work on the PV side).
+async fn nudge(cluster: &Cluster, claim: &PersistentVolumeClaim, pv: &str) -> CsiResult<()> {
+    let bound_to_it = pvc::get_pv(cluster, pv).await?.is_some_and(|v| {
+        v.spec
+            .and_then(|s| s.claim_ref)
+            .and_then(|r| r.uid)
+            .is_some_and(|uid| Some(uid) == claim.metadata.uid)
+    });
+    if !bound_to_it {
+        return Ok(());
+    }
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis().to_string())
+        .unwrap_or_default();
+    let patch = serde_json::json!({
+        "metadata": {"uid": claim.metadata.uid, "annotations": {NUDGE_ANNOTATION: now}},
+    });
+    cluster
+        .run(
+            &format!("annotate PersistentVolumeClaim {namespace}/{name}"),
+            claims(cluster, &namespace).patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            ),
+        )
+        .await?;
+    tracing::info!(member = %cluster.name(), pvc = %format!("{namespace}/{name}"), pv, "import claim nudged: its PV names it, the member's PV controller had not finished binding");
+    Ok(())
 }
 
 /// A PV kept from an import whose claim went (a crash between the two
