@@ -874,7 +874,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
 
     // ---- Races: two pods of one ReadWriteOnce claim, one per member,
     // in both orders, all rounds at once; judged by what each wrote.
-    race_rounds(&ctx, &shared).await;
+    race_rounds(&ctx, &shared, &mut relay.controller).await;
 
     // ---- Member1 lost: stopped, declared lost, the Deployment moved to
     // member2 runs on its data; member1 back, its pods are fenced.
@@ -1206,9 +1206,25 @@ async fn race(ctx: &Ctx, shared: &Path, round: usize) -> RaceRound {
     }
 }
 
-async fn race_rounds(ctx: &Ctx, shared: &Path) {
+/// Seconds into the rounds at which the controller is SIGKILLed and
+/// started again: while claims are made and first bound, while the first
+/// pods let go, while the racers are attached (imports and releases in
+/// flight at whatever step they are).
+const RACE_CRASHES: [u64; 3] = [8, 20, 35];
+
+async fn race_rounds(ctx: &Ctx, shared: &Path, controller: &mut common::Driver) {
     let t = Instant::now();
-    let rounds = futures::future::join_all((0..RACE_ROUNDS).map(|r| race(ctx, shared, r))).await;
+    let crashes = async {
+        for at in RACE_CRASHES {
+            tokio::time::sleep_until((t + Duration::from_secs(at)).into()).await;
+            controller.crash();
+            controller.start_again().await;
+        }
+    };
+    let (rounds, ()) = tokio::join!(
+        futures::future::join_all((0..RACE_ROUNDS).map(|r| race(ctx, shared, r))),
+        crashes
+    );
     let mut waits: Vec<f64> = rounds.iter().map(|r| r.loser_after.as_secs_f64()).collect();
     waits.sort_by(f64::total_cmp);
     let listed_won = rounds.iter().filter(|r| r.listed_first == r.winner).count();
@@ -1221,7 +1237,8 @@ async fn race_rounds(ctx: &Ctx, shared: &Path) {
         );
     }
     println!(
-        "figure: races: {RACE_ROUNDS} rounds (both orders), two writers in none (judged by the seconds each pod wrote); the pod listed first won {listed_won}; the loser Running {:.1}/{:.1}/{:.1} s (min/median/max) after the winner's pod was deleted; all rounds {} s",
+        "figure: races: {RACE_ROUNDS} rounds (both orders), the controller SIGKILLed and restarted {} times meanwhile (at {RACE_CRASHES:?} s), two writers in none (judged by the seconds each pod wrote); the pod listed first won {listed_won}; the loser Running {:.1}/{:.1}/{:.1} s (min/median/max) after the winner's pod was deleted; all rounds {} s",
+        RACE_CRASHES.len(),
         waits[0],
         waits[waits.len() / 2],
         waits[waits.len() - 1],
