@@ -128,12 +128,9 @@ fn deployment(node: &str, token: &str) -> Value {
                     "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}}}})
 }
 
-/// A pod on `node` that writes `mine` and waits for `theirs`.
-fn writer(name: &str, node: &str, mine: &str, theirs: &str) -> Value {
-    let script = format!(
-        "echo {name} > /data/{mine}; while [ ! -f /data/{theirs} ]; do sleep 0.2; done; \
-         cp /data/{theirs} /data/{mine}-read; sleep 3600"
-    );
+/// A pod of the volume's claim on `node` (label app=global) that runs
+/// `script` with the volume at /data.
+fn pod_on(name: &str, node: &str, script: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "global"}},
         "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
             "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
@@ -142,6 +139,15 @@ fn writer(name: &str, node: &str, mine: &str, theirs: &str) -> Value {
                 "command": ["sh", "-c", script],
                 "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
             "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+}
+
+/// A pod on `node` that writes `mine` and waits for `theirs`.
+fn writer(name: &str, node: &str, mine: &str, theirs: &str) -> Value {
+    let script = format!(
+        "echo {name} > /data/{mine}; while [ ! -f /data/{theirs} ]; do sleep 0.2; done; \
+         cp /data/{theirs} /data/{mine}-read; sleep 3600"
+    );
+    pod_on(name, node, &script)
 }
 
 const APP: &str = "app=global";
@@ -874,7 +880,7 @@ async fn a_stateful_pod_moves_between_members_with_its_data() {
 
     // ---- Races: two pods of one ReadWriteOnce claim, one per member,
     // in both orders, all rounds at once; judged by what each wrote.
-    race_rounds(&ctx, &shared, &mut relay.controller).await;
+    race_rounds(&ctx, &shared, &mut relay).await;
 
     // ---- Member1 lost: stopped, declared lost, the Deployment moved to
     // member2 runs on its data; member1 back, its pods are fenced.
@@ -1057,14 +1063,7 @@ const RACE_ROUNDS: usize = 10;
 /// second: two writers show as seconds both files hold.
 fn racer(name: &str, node: &str) -> Value {
     let script = format!("while true; do date +%s >> /data/w-{name}; sleep 0.5; done");
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "global"}},
-        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
-            "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
-            "tolerations": [{"key": "kosmos.io/node", "operator": "Exists"}],
-            "containers": [{"name": "c", "image": IMAGE, "imagePullPolicy": "Never",
-                "command": ["sh", "-c", script],
-                "volumeMounts": [{"name": "v", "mountPath": "/data"}]}],
-            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}})
+    pod_on(name, node, &script)
 }
 
 fn seconds_written(file: &Path) -> std::collections::BTreeSet<u64> {
@@ -1207,18 +1206,18 @@ async fn race(ctx: &Ctx, shared: &Path, round: usize) -> RaceRound {
 }
 
 /// Seconds into the rounds at which the controller is SIGKILLed and
-/// started again: while claims are made and first bound, while the first
+/// started again on its state dir, with the sidecars that exit with it:
+/// while claims are made and first bound, while the first
 /// pods let go, while the racers are attached (imports and releases in
 /// flight at whatever step they are).
 const RACE_CRASHES: [u64; 3] = [8, 20, 35];
 
-async fn race_rounds(ctx: &Ctx, shared: &Path, controller: &mut common::Driver) {
+async fn race_rounds(ctx: &Ctx, shared: &Path, relay: &mut DemoRelay) {
     let t = Instant::now();
     let crashes = async {
         for at in RACE_CRASHES {
             tokio::time::sleep_until((t + Duration::from_secs(at)).into()).await;
-            controller.crash();
-            controller.start_again().await;
+            relay.crash_controller().await;
         }
     };
     let (rounds, ()) = tokio::join!(

@@ -189,12 +189,9 @@ fn one_import(west: &Fake, vol: &Volume) {
 async fn a_controller_killed_at_each_step_of_an_import_completes_it_on_restart() {
     let mut steps_seen = 0;
     for crash_at in 0.. {
-        let mut c = clusters();
-        let mut vol = gated(&c.b);
-        on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
-        let mut east = origin(&vol);
+        let (vol, mut east) = publishing();
         let mut west = Fake::default();
-        let b = std::mem::replace(&mut c.b, clusters().b);
+        let (b, mut c) = started();
         let first = drive(
             b.attach(&vol, "host-w"),
             &mut c,
@@ -211,8 +208,7 @@ async fn a_controller_killed_at_each_step_of_an_import_completes_it_on_restart()
             break;
         }
         // Restarted: a new backend, the same members.
-        let mut c = clusters();
-        let b = std::mem::replace(&mut c.b, clusters().b);
+        let (b, mut c) = started();
         let ctx = drive(b.attach(&vol, "host-w"), &mut c, &mut east, &mut west, None)
             .await
             .unwrap()
@@ -227,23 +223,19 @@ async fn a_controller_killed_at_each_step_of_an_import_completes_it_on_restart()
     // Killed while the claim waits to be Bound: the call had answered
     // UNAVAILABLE (or never answered); the restarted controller finds
     // both made, and answers once the member binds them.
-    let mut c = clusters();
-    let mut vol = gated(&c.b);
-    on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
-    let mut east = origin(&vol);
+    let (vol, mut east) = publishing();
     let mut west = Fake {
         holds_binding: true,
         ..Default::default()
     };
-    let b = std::mem::replace(&mut c.b, clusters().b);
+    let (b, mut c) = started();
     let err = drive(b.attach(&vol, "host-w"), &mut c, &mut east, &mut west, None)
         .await
         .unwrap()
         .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err}");
     west.holds_binding = false;
-    let mut c = clusters();
-    let b = std::mem::replace(&mut c.b, clusters().b);
+    let (b, mut c) = started();
     drive(b.attach(&vol, "host-w"), &mut c, &mut east, &mut west, None)
         .await
         .unwrap()
@@ -255,19 +247,15 @@ async fn a_controller_killed_at_each_step_of_an_import_completes_it_on_restart()
 #[tokio::test(start_paused = true)]
 async fn a_controller_killed_at_each_step_of_a_release_finishes_it_on_restart() {
     for crash_at in 0.. {
-        let mut c = clusters();
-        let mut vol = gated(&c.b);
-        on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
-        let mut east = origin(&vol);
+        let (mut vol, mut east) = publishing();
         let mut west = Fake::default();
-        let b = std::mem::replace(&mut c.b, clusters().b);
+        let (b, mut c) = started();
         let ctx = drive(b.attach(&vol, "host-w"), &mut c, &mut east, &mut west, None)
             .await
             .unwrap()
             .unwrap();
         on_node(&mut vol, "host-w", ctx, Progress::Done);
-        let mut c = clusters();
-        let b = std::mem::replace(&mut c.b, clusters().b);
+        let (b, mut c) = started();
         let first = drive(
             b.detach(&vol, "host-w"),
             &mut c,
@@ -282,8 +270,7 @@ async fn a_controller_killed_at_each_step_of_a_release_finishes_it_on_restart() 
             assert!(crash_at >= 2, "the claim's and the PV's deletes were cut");
             break;
         }
-        let mut c = clusters();
-        let b = std::mem::replace(&mut c.b, clusters().b);
+        let (b, mut c) = started();
         drive(b.detach(&vol, "host-w"), &mut c, &mut east, &mut west, None)
             .await
             .unwrap()
@@ -298,6 +285,18 @@ async fn a_controller_killed_at_each_step_of_a_release_finishes_it_on_restart() 
     }
 }
 
-fn gated(b: &MemberBackend) -> Volume {
-    placed_volume(b, AccessMode::SingleNodeWriter)
+/// A gated volume whose node host-w of west is publishing, and east with
+/// its data claim.
+fn publishing() -> (Volume, Fake) {
+    let mut vol = placed_volume(&clusters().b, AccessMode::SingleNodeWriter);
+    on_node(&mut vol, "host-w", BTreeMap::new(), Progress::Applying);
+    let east = origin(&vol);
+    (vol, east)
+}
+
+/// A new controller: its backend and the members' scripted APIs.
+fn started() -> (MemberBackend, Clusters) {
+    let mut c = clusters();
+    let b = std::mem::replace(&mut c.b, clusters().b);
+    (b, c)
 }

@@ -53,6 +53,11 @@ pub struct DemoRelay {
     _attacher: Sidecar,
     _provisioner: Sidecar,
     pub controller: common::Driver,
+    /// How the provisioner and the attacher were started: they exit when
+    /// the controller does, and are started again after a crash (as the
+    /// kubelet restarts a pod's containers).
+    host_sidecars: [(PathBuf, Vec<String>); 2],
+    restarts: usize,
 }
 
 impl DemoRelay {
@@ -85,20 +90,20 @@ impl DemoRelay {
         let controller = common::Driver::start_as("controller", &args).await;
         let sidecar =
             |extra: &[&str]| sidecar_args(&controller.socket, &env.host_kubeconfig, extra);
-        let provisioner = Sidecar::start(
-            &sidecars.join("csi-provisioner"),
-            &sidecar(&[
-                "--extra-create-metadata",
-                "--feature-gates=Topology=true",
-                "--strict-topology",
-            ]),
-            &controller.path("csi-provisioner.log"),
-        );
-        let attacher = Sidecar::start(
-            &sidecars.join("csi-attacher"),
-            &sidecar(&[]),
-            &controller.path("csi-attacher.log"),
-        );
+        let host_sidecars = [
+            (
+                sidecars.join("csi-provisioner"),
+                sidecar(&[
+                    "--extra-create-metadata",
+                    "--feature-gates=Topology=true",
+                    "--strict-topology",
+                ]),
+            ),
+            (sidecars.join("csi-attacher"), sidecar(&[])),
+        ];
+        let [provisioner, attacher] = host_sidecars
+            .clone()
+            .map(|(bin, args)| start_sidecar(&controller, &bin, &args, 0));
         let mut node_args = vec![
             "--mode".to_string(),
             "node".into(),
@@ -138,6 +143,39 @@ impl DemoRelay {
             _attacher: attacher,
             _provisioner: provisioner,
             controller,
+            host_sidecars,
+            restarts: 0,
         }
     }
+
+    /// SIGKILL of the controller, then the controller started again on
+    /// its state dir, and the provisioner and attacher with it (they
+    /// exit when it goes).
+    pub async fn crash_controller(&mut self) {
+        self.controller.crash();
+        self.controller.start_again().await;
+        self.restarts += 1;
+        let [(p, p_args), (a, a_args)] = &self.host_sidecars;
+        self._provisioner = start_sidecar(&self.controller, p, p_args, self.restarts);
+        self._attacher = start_sidecar(&self.controller, a, a_args, self.restarts);
+    }
+}
+
+/// A host sidecar of the controller, its log beside the controller's
+/// (numbered after a restart).
+fn start_sidecar(
+    controller: &common::Driver,
+    bin: &Path,
+    args: &[String],
+    restart: usize,
+) -> Sidecar {
+    let name = bin
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let log = match restart {
+        0 => format!("{name}.log"),
+        n => format!("{name}.{n}.log"),
+    };
+    Sidecar::start(bin, args, &controller.path(&log))
 }
