@@ -50,9 +50,11 @@ source "$E2E_HOME/run/env/env.sh"
 # shellcheck disable=SC1091
 source tests/e2e-env/suite-env.sh
 export RELAY_KOSMOS_RACES=${RELAY_KOSMOS_RACES:-30}
+# The seed's demo only: global storage runs with the newest set.
+export RELAY_GLOBAL_STORAGE=${RELAY_GLOBAL_STORAGE:-skip}
 start=$(date +%s)
 filters=("$@")
-((${#filters[@]})) || filters=(member_e2e kosmos_e2e member_classes_e2e)
+((${#filters[@]})) || filters=(member_e2e kosmos_e2e kosmos_demo_e2e)
 LOG=${OLDEST_LOG:-$(mktemp /tmp/relay-oldest-test.XXXXXX.log)}
 cargo test --locked --test suite -- "${filters[@]}" --nocapture 2>&1 |
   tee "$LOG" | grep --line-buffered -E "^(test |figure:|skipped|test result)|panicked at"

@@ -40,12 +40,11 @@
 //!
 //! The RelayVolume lists each import (`status.imports`) with its state.
 //!
-//! Runs when the two-cluster environment is up (RELAY_E2E_*,
-//! RELAY_E2E_SIDECARS), E2E_HOME holds Kosmos, kubelets and
-//! local-path-provisioner, and GlusterFS is installed (Debian's
-//! glusterfs-server, glusterfs-client); prints "skipped" otherwise.
+//! Run by `kosmos_demo_e2e` after the seed's demo, in the same Kosmos
+//! environment, when GlusterFS is installed (Debian's glusterfs-server,
+//! glusterfs-client).
 
-use crate::{common, e2e_support};
+use crate::e2e_support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -506,20 +505,14 @@ fn through_member2(path: &Path, shared: &Path) -> PathBuf {
     shared.join("member2").join(rest)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stateful_pod_moves_between_members_with_its_data() {
-    let _alone = common::alone();
-    let pre = match Prerequisites::of(&["glusterd", "glusterfs", "gluster", "ctr"]) {
-        Ok(p) => p,
-        Err(why) => {
-            common::skip(&why);
-            return;
-        }
-    };
-    let kosmos = ScriptedEnv::new("kosmos", "env-down.sh", &pre.e2e_home, vec![]);
-    kosmos.run("env-up.sh");
-    kosmos.run("demo-up.sh");
-    let _shared_down = SharedStorage(&kosmos);
+/// What global storage needs besides the seed's demo: GlusterFS and ctr.
+pub(crate) const TOOLS: [&str; 4] = ["glusterd", "glusterfs", "gluster", "ctr"];
+
+/// Global storage in the Kosmos environment `kosmos` (env-up.sh and
+/// demo-up.sh run), which `kosmos_demo_e2e` shares with the seed's demo;
+/// shared-up.sh here, shared-down.sh on the way out.
+pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv) {
+    let _shared_down = SharedStorage(kosmos);
     let started = Instant::now();
     kosmos.run("shared-up.sh");
     println!(

@@ -30,6 +30,7 @@ mod helm_install_e2e;
 mod host_outage_e2e;
 mod housekeeping;
 mod k8s_e2e;
+mod kosmos_demo_e2e;
 mod kosmos_e2e;
 mod layering;
 mod leader_e2e;

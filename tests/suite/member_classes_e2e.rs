@@ -25,11 +25,10 @@
 //!   starts; mapped back, the pod runs and reads the token: its data, never
 //!   an empty directory.
 //!
-//! Runs when the two-cluster environment is up (RELAY_E2E_*,
-//! RELAY_E2E_SIDECARS) and E2E_HOME holds Kosmos, a kubelet and both
-//! provisioners; prints "skipped" otherwise.
+//! Run by `kosmos_demo_e2e`, in the Kosmos environment it shares with
+//! global storage.
 
-use crate::{common, e2e_support};
+use crate::e2e_support;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -437,19 +436,10 @@ impl Ctx {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn member_classes_run_the_seeds_demo_on_kosmos_and_host_nodes() {
-    let _alone = common::alone();
-    let pre = match Prerequisites::of(&[]) {
-        Ok(p) => p,
-        Err(why) => {
-            common::skip(&why);
-            return;
-        }
-    };
-    let kosmos = ScriptedEnv::new("kosmos", "env-down.sh", &pre.e2e_home, vec![]);
-    kosmos.run("env-up.sh");
-    kosmos.run("demo-up.sh");
+/// The seed's demo with every member class, in the Kosmos environment
+/// `kosmos` (env-up.sh and demo-up.sh run), which `kosmos_demo_e2e` shares
+/// with global storage.
+pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv) {
     let demo = kosmos.run.path().join("demo");
     let env = &pre.env;
     let host = client(&env.host_kubeconfig).await;
