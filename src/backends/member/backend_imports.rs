@@ -163,7 +163,7 @@ impl MemberBackend {
             let cluster = self.cluster(member)?;
             let ours = pvc::get(cluster, &origin.namespace, &origin.pvc)
                 .await?
-                .is_some_and(|c| pvc::belongs_to(&c, &vol.id));
+                .is_some_and(|c| pvc::belongs_to(&c, &vol.id) && !pvc::copies_the_host_claim(&c));
             if !ours {
                 continue;
             }

@@ -91,7 +91,7 @@ async fn fence_volume(cluster: &Cluster, vol: &Volume, fenced: &mut Vec<String>)
         .await?
         .is_some_and(|c| match gate {
             Some(_) => import::is_access_claim(&c, &at, &vol.id),
-            None => pvc::belongs_to(&c, &vol.id),
+            None => pvc::belongs_to(&c, &vol.id) && !pvc::copies_the_host_claim(&c),
         });
     if !ours {
         return Ok(());

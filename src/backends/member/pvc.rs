@@ -135,8 +135,21 @@ pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
     annotation(pvc, naming::VOLUME_ID_ANNOTATION) == Some(volume_id)
 }
 
+/// Whether `claim` is a copy of the host claim rather than a claim the
+/// relay made: it names as its PersistentVolume the host's PV, whose name
+/// the relay's claims record (`VOLUME_NAME_ANNOTATION`, the volume's CSI
+/// name) and never bind to (a member claim binds to a member PV). Kosmos's
+/// copies of the host claim name the host PV, and carry the relay's
+/// annotations when they inherited them: their marks say nothing, their
+/// binding does.
+pub fn copies_the_host_claim(claim: &PersistentVolumeClaim) -> bool {
+    let host_pv = annotation(claim, naming::VOLUME_NAME_ANNOTATION);
+    host_pv.is_some() && bound_pv(claim) == host_pv
+}
+
 /// The volume's member PVC: `None` when no claim holds its name, and
-/// FAILED_PRECONDITION when one does that is not the relay's for it.
+/// FAILED_PRECONDITION when one does that is not the relay's for it (a
+/// copy of the host claim that carries the relay's marks included).
 pub async fn owned(
     cluster: &Cluster,
     at: &MemberVolume,
@@ -154,6 +167,14 @@ pub async fn owned(
             annotation(&claim, naming::VOLUME_ID_ANNOTATION)
         )));
     }
+    if copies_the_host_claim(&claim) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{}: PersistentVolumeClaim {} carries csi-relay's marks for volume {volume_id} but names the host's PersistentVolume {}: a copy of the host claim (Kosmos copies them, marks included), not the claim the relay made, which is gone; the relay does not touch it",
+            cluster.label(),
+            at.pvc_path(),
+            bound_pv(&claim).unwrap_or_default()
+        )));
+    }
     Ok(Some(claim))
 }
 
@@ -166,7 +187,7 @@ pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
     let Some(claim) = get(cluster, namespace, name).await? else {
         return Ok(());
     };
-    if !belongs_to(&claim, volume_id) {
+    if !belongs_to(&claim, volume_id) || copies_the_host_claim(&claim) {
         tracing::warn!(member = %cluster.name(), pvc = %at.pvc_path(), volume_id, "member PVC of that name is not the relay's; left alone");
         return Ok(());
     }
@@ -380,6 +401,26 @@ pub fn resize_status(pvc: &PersistentVolumeClaim) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The relay's claim names a member PV (or none yet); a copy of the
+    /// host claim, marks and all, names the host's PV.
+    #[test]
+    fn a_copy_of_the_host_claim_is_told_by_its_binding_not_its_marks() {
+        let claim = |volume_name: Option<&str>| -> PersistentVolumeClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "data", "annotations": {
+                    naming::VOLUME_ID_ANNOTATION: "m-east-0a1b",
+                    naming::VOLUME_NAME_ANNOTATION: "pvc-host-1"}},
+                "spec": {"volumeName": volume_name}
+            }))
+            .unwrap()
+        };
+        assert!(copies_the_host_claim(&claim(Some("pvc-host-1"))));
+        assert!(!copies_the_host_claim(&claim(Some("pvc-member-9"))));
+        assert!(!copies_the_host_claim(&claim(Some("relay-0a1b-import"))));
+        assert!(!copies_the_host_claim(&claim(None)));
+        assert!(belongs_to(&claim(Some("pvc-host-1")), "m-east-0a1b"));
+    }
 
     #[test]
     fn access_modes_follow_the_csi_modes() {
