@@ -1101,7 +1101,7 @@ async fn race(ctx: &Ctx, shared: &Path, round: usize) -> RaceRound {
     ctx.host_pods_gone(&ns).await;
     ctx.detached(&ns, KOSMOS1).await;
 
-    let (listed_first, order) = if round % 2 == 0 {
+    let (listed_first, order) = if round.is_multiple_of(2) {
         ("member2", [("a", KOSMOS2), ("b", KOSMOS1)])
     } else {
         ("member1", [("b", KOSMOS1), ("a", KOSMOS2)])

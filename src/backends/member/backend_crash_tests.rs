@@ -54,7 +54,7 @@ impl Fake {
             return call.status(500, "InternalError", "no watch in this fake");
         }
         let path = call.path.clone();
-        let (kind, name) = if let Some(rest) = path.strip_prefix(&format!("{PVCS}")) {
+        let (kind, name) = if let Some(rest) = path.strip_prefix(PVCS) {
             ("pvc", rest.trim_start_matches('/').to_string())
         } else if let Some(rest) = path.strip_prefix("/api/v1/persistentvolumes") {
             ("pv", rest.trim_start_matches('/').to_string())
