@@ -135,16 +135,22 @@ pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
     annotation(pvc, naming::VOLUME_ID_ANNOTATION) == Some(volume_id)
 }
 
-/// Whether `claim` is a copy of the host claim rather than a claim the
-/// relay made: it names as its PersistentVolume the host's PV, whose name
-/// the relay's claims record (`VOLUME_NAME_ANNOTATION`, the volume's CSI
-/// name) and never bind to (a member claim binds to a member PV). Kosmos's
-/// copies of the host claim name the host PV, and carry the relay's
-/// annotations when they inherited them: their marks say nothing, their
-/// binding does.
+/// Whether `claim` is Kosmos's copy of the host claim rather than a claim
+/// the relay made: Kosmos marked it (`kosmos.io/global`, which the relay
+/// never writes) and it names as its PersistentVolume the host's PV, whose
+/// name the relay's claims record (`VOLUME_NAME_ANNOTATION`, the volume's
+/// CSI name). Both are needed: a member PV may carry the host PV's name (a
+/// PV made beforehand under the volume's name), and the relay's claim is
+/// bound to it then. The relay's annotations say nothing: such a copy
+/// inherits them.
 pub fn copies_the_host_claim(claim: &PersistentVolumeClaim) -> bool {
     let host_pv = annotation(claim, naming::VOLUME_NAME_ANNOTATION);
-    host_pv.is_some() && bound_pv(claim) == host_pv
+    annotation(
+        claim,
+        crate::backends::member::claim_copy::KOSMOS_COPY_ANNOTATION,
+    ) == Some("true")
+        && host_pv.is_some()
+        && bound_pv(claim) == host_pv
 }
 
 /// The volume's member PVC: `None` when no claim holds its name, and
@@ -406,20 +412,28 @@ mod tests {
     /// host claim, marks and all, names the host's PV.
     #[test]
     fn a_copy_of_the_host_claim_is_told_by_its_binding_not_its_marks() {
-        let claim = |volume_name: Option<&str>| -> PersistentVolumeClaim {
+        let marked = |volume_name: Option<&str>, kosmos: bool| -> PersistentVolumeClaim {
+            let mut annotations = serde_json::json!({
+                naming::VOLUME_ID_ANNOTATION: "m-east-0a1b",
+                naming::VOLUME_NAME_ANNOTATION: "pvc-host-1"});
+            if kosmos {
+                annotations["kosmos.io/global"] = "true".into();
+            }
             serde_json::from_value(serde_json::json!({
-                "metadata": {"name": "data", "annotations": {
-                    naming::VOLUME_ID_ANNOTATION: "m-east-0a1b",
-                    naming::VOLUME_NAME_ANNOTATION: "pvc-host-1"}},
+                "metadata": {"name": "data", "annotations": annotations},
                 "spec": {"volumeName": volume_name}
             }))
             .unwrap()
         };
+        let claim = |volume_name| marked(volume_name, true);
         assert!(copies_the_host_claim(&claim(Some("pvc-host-1"))));
         assert!(!copies_the_host_claim(&claim(Some("pvc-member-9"))));
         assert!(!copies_the_host_claim(&claim(Some("relay-0a1b-import"))));
         assert!(!copies_the_host_claim(&claim(None)));
         assert!(belongs_to(&claim(Some("pvc-host-1")), "m-east-0a1b"));
+        // The relay's own claim bound to a member PV made beforehand under
+        // the volume's name (member_scale_e2e does that): not a copy.
+        assert!(!copies_the_host_claim(&marked(Some("pvc-host-1"), false)));
     }
 
     #[test]
