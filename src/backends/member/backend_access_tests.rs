@@ -163,6 +163,9 @@ async fn the_origins_last_unpublish_removes_its_access_claim() {
     let uuid = MemberVolume::of(&vol).unwrap().uuid;
     let pv_name = import::pv_name(&uuid);
     let (result, ()) = tokio::join!(b.detach(&vol, "host-e"), async {
+        east.expect("GET", &format!("{PVCS}/data"))
+            .await
+            .ok(access_claim(&vol));
         east.expect_page(PODS)
             .await
             .ok(pods(vec![pod_using("app-0", "east-1")]));
@@ -178,10 +181,10 @@ async fn the_origins_last_unpublish_removes_its_access_claim() {
         "metadata": {"name": pv_name, "uid": "p-1", "labels": {
             naming::VOLUME_UUID_LABEL: uuid, import::IMPORTED_FROM_LABEL: "east"}}});
     let (result, ()) = tokio::join!(b.detach(&vol, "host-e"), async {
-        east.expect_page(PODS).await.ok(pods(vec![]));
         east.expect("GET", &format!("{PVCS}/data"))
             .await
             .ok(access_claim(&vol));
+        east.expect_page(PODS).await.ok(pods(vec![]));
         east.expect("DELETE", &format!("{PVCS}/data"))
             .await
             .ok(access_claim(&vol));
@@ -192,6 +195,33 @@ async fn the_origins_last_unpublish_removes_its_access_claim() {
             .await
             .ok(import_pv.clone());
         east.expect_idle().await;
+    });
+    result.unwrap();
+}
+
+/// A publish to west was refused (no access claim made there), and a pod
+/// placed by hand on a west node names the claim: it mounts nothing of the
+/// volume, so the unpublish goes through instead of waiting on it forever.
+#[tokio::test(start_paused = true)]
+async fn a_pod_naming_a_claim_the_relay_never_made_does_not_hold_the_release() {
+    let Clusters {
+        b,
+        east: _east,
+        mut west,
+        host: _host,
+    } = clusters();
+    let mut vol = gated_volume(&b);
+    let ctx: BTreeMap<String, String> = [(source::MEMBER.to_string(), "west".to_string())].into();
+    on_node(&mut vol, "host-w", ctx, Progress::Applying);
+    let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
+    let mut copy = access_claim(&vol);
+    copy["spec"]["volumeName"] = json!("pvc-host-77");
+    let (result, ()) = tokio::join!(b.detach(&vol, "host-w"), async {
+        west.expect("GET", &format!("{PVCS}/data")).await.ok(copy);
+        west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+            .await
+            .not_found();
+        west.expect_idle().await;
     });
     result.unwrap();
 }

@@ -343,7 +343,12 @@ async fn unpublish_removes_the_import_once_no_pod_uses_it() {
         "metadata": {"name": pv_name, "uid": "p-1", "labels": {
             naming::VOLUME_UUID_LABEL: MemberVolume::of(&vol).unwrap().uuid,
             import::IMPORTED_FROM_LABEL: "east"}}});
+    let mut imported = claim_of(&vol, "Bound", Some(&pv_name));
+    imported["metadata"]["labels"] = json!({import::IMPORTED_FROM_LABEL: "east"});
     let (result, ()) = tokio::join!(b.detach(&vol, "host-w"), async {
+        west.expect("GET", &format!("{PVCS}/data"))
+            .await
+            .ok(imported.clone());
         west.expect_page(PODS)
             .await
             .ok(pods(vec![pod_using("app-0", "west-1")]));
@@ -356,12 +361,10 @@ async fn unpublish_removes_the_import_once_no_pod_uses_it() {
     );
 
     let (result, ()) = tokio::join!(b.detach(&vol, "host-w"), async {
-        west.expect_page(PODS).await.ok(pods(vec![]));
-        let mut imported = claim_of(&vol, "Bound", Some(&pv_name));
-        imported["metadata"]["labels"] = json!({import::IMPORTED_FROM_LABEL: "east"});
         west.expect("GET", &format!("{PVCS}/data"))
             .await
             .ok(imported.clone());
+        west.expect_page(PODS).await.ok(pods(vec![]));
         let del = west.expect("DELETE", &format!("{PVCS}/data")).await;
         assert_eq!(del.body["preconditions"]["uid"], "c-1");
         del.ok(imported);
@@ -400,7 +403,6 @@ async fn delete_removes_imports_before_the_data() {
     let (result, (), ()) = tokio::join!(
         b.delete_volume(&vol),
         async {
-            west.expect_page(PODS).await.ok(pods(vec![]));
             let mut foreign = claim_of(&vol, "Bound", Some("theirs"));
             foreign["metadata"]["annotations"] = json!({});
             west.expect("GET", &format!("{PVCS}/data"))

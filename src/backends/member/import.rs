@@ -439,20 +439,25 @@ pub async fn pods_using(cluster: &Cluster, at: &MemberVolume) -> CsiResult<Vec<P
 /// data stays). UNAVAILABLE while a pod there still uses the claim, so a
 /// single-writer volume is never written from two members at once.
 pub async fn remove(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> CsiResult<()> {
-    let users = users(cluster, at).await?;
-    if !users.is_empty() {
-        return Err(CsiError::Unavailable(format!(
-            "{}: the import of volume {volume_id} is still used by {}; it is removed once no pod there uses it (retry)",
-            cluster.label(),
-            users.join(", ")
-        )));
-    }
-    if let Some(claim) = pvc::get(cluster, &at.namespace, &at.pvc).await? {
-        // The import's claim names the import's PV; a copy that inherited
-        // the marks names the host's, and is not the relay's to delete.
-        if is_access_claim(&claim, at, volume_id) {
-            pvc::delete_exactly(cluster, &claim).await?;
+    // The import's claim names the import's PV; a copy that inherited the
+    // marks names the host's, and is not the relay's to delete. Only pods
+    // of the relay's claim hold the release: a pod placed by hand on a node
+    // that names a claim the relay never made there (a publish that was
+    // refused) mounts nothing of the volume, and must not keep its
+    // unpublish from ever succeeding.
+    if let Some(claim) = pvc::get(cluster, &at.namespace, &at.pvc)
+        .await?
+        .filter(|c| is_access_claim(c, at, volume_id))
+    {
+        let users = users(cluster, at).await?;
+        if !users.is_empty() {
+            return Err(CsiError::Unavailable(format!(
+                "{}: the import of volume {volume_id} is still used by {}; it is removed once no pod there uses it (retry)",
+                cluster.label(),
+                users.join(", ")
+            )));
         }
+        pvc::delete_exactly(cluster, &claim).await?;
     }
     let name = pv_name(&at.uuid);
     let Some(pv) = pvc::get_pv(cluster, &name).await? else {
