@@ -1138,8 +1138,11 @@ async fn race(ctx: &Ctx, shared: &Path, round: usize) -> RaceRound {
     }
     let loser_name = if winner_pod == "a" { "b" } else { "a" };
     let why = ctx.attach_refusal(&ns, loser_name).await;
+    // The host's Multi-Attach refusal names the winner's pod; the relay's
+    // names the winner's member.
     assert!(
-        why.contains(winner_pod) || why.contains(winner),
+        why.contains(&format!("used by pod(s) {winner_pod}"))
+            || why.contains(&format!("member cluster {winner}")),
         "{ns}: the loser is told who holds the volume: {why}"
     );
     if round == 0 {
