@@ -170,8 +170,9 @@ impl Ctx {
 
     /// What the host tells of host pod `pod` failing to attach its volume
     /// (the attach/detach controller's Multi-Attach refusal, or the
-    /// relay's answer): the event's message.
-    async fn attach_refusal(&self, ns: &str, pod: &str) -> String {
+    /// relay's answer): the first such event whose message `says`. Others
+    /// may come first (ABORTED while another call on the volume runs).
+    async fn attach_refusal(&self, ns: &str, pod: &str, says: impl Fn(&str) -> bool) -> String {
         let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(self.host.clone(), ns);
         eventually(&format!("{ns}: why {pod} waits"), WAIT, || async {
             let list = events.list(&ListParams::default()).await.ok()?;
@@ -180,6 +181,7 @@ impl Ctx {
                     && e.reason.as_deref() == Some("FailedAttachVolume"))
                 .then_some(e.message)
                 .flatten()
+                .filter(|m| says(m))
             })
         })
         .await
@@ -1137,14 +1139,14 @@ async fn race(ctx: &Ctx, shared: &Path, round: usize) -> RaceRound {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let loser_name = if winner_pod == "a" { "b" } else { "a" };
-    let why = ctx.attach_refusal(&ns, loser_name).await;
-    // The host's Multi-Attach refusal names the winner's pod; the relay's
-    // names the winner's member.
-    assert!(
-        why.contains(&format!("used by pod(s) {winner_pod}"))
-            || why.contains(&format!("member cluster {winner}")),
-        "{ns}: the loser is told who holds the volume: {why}"
-    );
+    // The loser is told who holds the volume: the host's Multi-Attach
+    // refusal names the winner's pod, the relay's the winner's member.
+    let names_the_winner = |m: &str| {
+        m.contains(&format!("used by pod(s) {winner_pod}"))
+            || m.contains(&format!("member cluster {winner}"))
+    };
+    let why = ctx.attach_refusal(&ns, loser_name, names_the_winner).await;
+    assert!(names_the_winner(&why), "{ns}: {why}");
     if round == 0 {
         println!("figure: race: the loser's host pod is told: {why}");
     }
