@@ -32,14 +32,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
-use crate::backends::member::pvc::{self, annotation, bound_pv};
+use crate::backends::member::pvc::{self, annotation, bound_pv, KOSMOS_COPY_ANNOTATION};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::VOLUME_ID_ANNOTATION;
 use crate::k8s::WAIT_BUDGET;
-
-/// Kosmos's mark on every object it copies into a member cluster.
-pub const KOSMOS_COPY_ANNOTATION: &str = "kosmos.io/global";
 
 /// How often the name is looked at while the copy goes (its PVC protection
 /// finalizer is usually gone within milliseconds).

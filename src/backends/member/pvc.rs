@@ -135,6 +135,9 @@ pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
     annotation(pvc, naming::VOLUME_ID_ANNOTATION) == Some(volume_id)
 }
 
+/// Kosmos's mark on every object it copies into a member cluster.
+pub const KOSMOS_COPY_ANNOTATION: &str = "kosmos.io/global";
+
 /// Whether `claim` is Kosmos's copy of the host claim rather than a claim
 /// the relay made: Kosmos marked it (`kosmos.io/global`, which the relay
 /// never writes) and it names as its PersistentVolume the host's PV, whose
@@ -145,10 +148,7 @@ pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
 /// inherits them.
 pub fn copies_the_host_claim(claim: &PersistentVolumeClaim) -> bool {
     let host_pv = annotation(claim, naming::VOLUME_NAME_ANNOTATION);
-    annotation(
-        claim,
-        crate::backends::member::claim_copy::KOSMOS_COPY_ANNOTATION,
-    ) == Some("true")
+    annotation(claim, KOSMOS_COPY_ANNOTATION) == Some("true")
         && host_pv.is_some()
         && bound_pv(claim) == host_pv
 }
