@@ -25,6 +25,7 @@ pub mod claim_create;
 pub mod group_snapshot;
 pub mod import;
 pub mod lost_member_fence;
+pub mod mobility;
 pub mod namespace;
 pub mod pvc;
 pub mod snapshot;

@@ -1,0 +1,133 @@
+//! One pass, driven by the controller between its sessions with the two
+//! movers: the target's index to the source, the source's stream to the
+//! target, and the two digests compared. The controller sees each message
+//! (it counts bytes for the move's progress) and is the one that judges
+//! the copy: a pass verifies only when the digest of what the source read
+//! equals the digest of what the target then read back from its disk.
+
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::channel::Channel;
+use super::tree::Hash;
+use super::wire::Msg;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PassReport {
+    /// Bytes of files (or the device) the source read.
+    pub total: u64,
+    /// Bytes of chunks sent, as read (before compression).
+    pub sent: u64,
+    /// Bytes of chunks on the wire (compressed where it paid).
+    pub wire: u64,
+    pub entries: u64,
+    pub seconds: f64,
+    /// The source's and target's digests agree.
+    pub verified: bool,
+    pub source_digest: Hash,
+    pub target_digest: Hash,
+}
+
+/// Progress as the pass goes: bytes read by the source so far (sent or
+/// found equal), of the total.
+pub trait Progress: Send {
+    fn at(&mut self, done: u64, total: u64, sent: u64);
+}
+
+impl<F: FnMut(u64, u64, u64) + Send> Progress for F {
+    fn at(&mut self, done: u64, total: u64, sent: u64) {
+        self(done, total, sent)
+    }
+}
+
+pub async fn run<A, B>(
+    source: &mut Channel<A>,
+    target: &mut Channel<B>,
+    progress: &mut dyn Progress,
+) -> Result<PassReport, String>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let started = Instant::now();
+    let mut report = PassReport::default();
+    let t = |e: super::channel::ChannelError| format!("target mover: {e}");
+    let s = |e: super::channel::ChannelError| format!("source mover: {e}");
+    target.send(&Msg::Index).await.map_err(t)?;
+    source.send(&Msg::Pass).await.map_err(s)?;
+    loop {
+        let msg: Msg = target.recv().await.map_err(t)?;
+        match msg {
+            Msg::Have { .. } => source.send(&msg).await.map_err(s)?,
+            Msg::HaveEnd => {
+                source.send(&msg).await.map_err(s)?;
+                break;
+            }
+            Msg::Failed { why } => return Err(format!("target mover: {why}")),
+            other => return Err(format!("target mover sent {} in its index", other.name())),
+        }
+    }
+    target.send(&Msg::Apply).await.map_err(t)?;
+    let mut done = 0u64;
+    let mut last_report = Instant::now();
+    loop {
+        let msg: Msg = source.recv().await.map_err(s)?;
+        match &msg {
+            Msg::Total { bytes } => report.total = *bytes,
+            Msg::Entry(e) => {
+                report.entries += 1;
+                if let Some(size) = e.has_chunks() {
+                    done += size;
+                }
+            }
+            Msg::Chunk { data, lz4, .. } => {
+                report.wire += data.len() as u64;
+                report.sent += match (lz4, data.get(..4)) {
+                    (true, Some(n)) => u64::from(u32::from_le_bytes([n[0], n[1], n[2], n[3]])),
+                    _ => data.len() as u64,
+                };
+            }
+            Msg::Zero { .. } => {}
+            Msg::End { digest, .. } => report.source_digest = *digest,
+            Msg::Failed { why } => {
+                let _ = target.send(&msg).await;
+                return Err(format!("source mover: {why}"));
+            }
+            other => return Err(format!("source mover sent {} in a pass", other.name())),
+        }
+        let end = matches!(msg, Msg::End { .. });
+        if let Err(e) = target.send(&msg).await {
+            return Err(why_target_stopped(target, e).await);
+        }
+        if last_report.elapsed().as_millis() >= 500 || end {
+            progress.at(done.min(report.total), report.total, report.sent);
+            last_report = Instant::now();
+        }
+        if end {
+            break;
+        }
+    }
+    match target.recv::<Msg>().await.map_err(t)? {
+        Msg::Applied { digest, .. } => {
+            report.target_digest = digest;
+            report.verified = digest == report.source_digest;
+        }
+        Msg::Failed { why } => return Err(format!("target mover: {why}")),
+        other => return Err(format!("target mover answered {} to a pass", other.name())),
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// A target that stopped taking messages said why before it closed.
+async fn why_target_stopped<B: AsyncRead + AsyncWrite + Unpin>(
+    target: &mut Channel<B>,
+    e: super::channel::ChannelError,
+) -> String {
+    let said = tokio::time::timeout(std::time::Duration::from_secs(2), target.recv::<Msg>()).await;
+    match said {
+        Ok(Ok(Msg::Failed { why })) => format!("target mover: {why}"),
+        _ => format!("target mover: {e}"),
+    }
+}
