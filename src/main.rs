@@ -67,6 +67,25 @@ async fn run() -> std::process::ExitCode {
             init_logging(LogFormat::Text);
             std::process::ExitCode::from(csi_relay::app::check::run(&args).await)
         }
+        Command::Mover(args) => {
+            init_logging(LogFormat::Json);
+            match csi_relay::backends::member::mobility::mover::run(
+                &args.role,
+                &args.move_id,
+                &args.key_file,
+                args.path.clone(),
+                args.block,
+                args.port,
+            )
+            .await
+            {
+                Ok(()) => std::process::ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("csi-relay mover: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            }
+        }
         Command::Serve(args) => {
             init_logging(args.log_format);
             csi_relay::rt::heap::spawn_trimmer();

@@ -31,6 +31,30 @@ pub enum Command {
     /// StorageClasses, how host nodes map to members, stuck volumes; one
     /// line each with its fix. Exit 0: healthy, 1: problems, 2: could not check.
     Check(crate::app::check::CheckArgs),
+    /// Serve one end of a volume move (run by the relay in a member pod
+    /// that mounts the volume's claim there; not for use by hand).
+    Mover(MoverArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MoverArgs {
+    /// Which end: `source` (reads the old member's claim) or `target`.
+    #[arg(long, value_parser = ["source", "target"])]
+    pub role: String,
+    /// The move's id: both ends and the controller must agree on it.
+    #[arg(long)]
+    pub move_id: String,
+    /// The file holding the move's key (hex), from its Secret.
+    #[arg(long)]
+    pub key_file: std::path::PathBuf,
+    /// Where the volume is: its mount (filesystem) or device (--block).
+    #[arg(long)]
+    pub path: std::path::PathBuf,
+    #[arg(long)]
+    pub block: bool,
+    /// Loopback only: the way in is a port-forward through the API server.
+    #[arg(long, default_value_t = crate::backends::member::mobility::mover::PORT)]
+    pub port: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -100,8 +100,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
     }
 
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> ChannelResult<()> {
-        let body =
-            postcard::to_stdvec(msg).map_err(|e| ChannelError::Malformed(e.to_string()))?;
+        let body = postcard::to_stdvec(msg).map_err(|e| ChannelError::Malformed(e.to_string()))?;
         if body.len() > MESSAGE_MAX {
             return Err(ChannelError::Malformed(format!(
                 "a message of {} bytes is more than {MESSAGE_MAX}",
@@ -212,10 +211,11 @@ mod tests {
             (key, "m1", "target"),
         ] {
             let (a, b) = tokio::io::duplex(1 << 16);
-            let mover =
-                tokio::spawn(
-                    async move { Channel::open(b, End::Mover, &key, "m1", "source").await.map(|_| ()) },
-                );
+            let mover = tokio::spawn(async move {
+                Channel::open(b, End::Mover, &key, "m1", "source")
+                    .await
+                    .map(|_| ())
+            });
             let ours = Channel::open(a, End::Controller, &k, m, r).await;
             let theirs = mover.await.expect("join");
             assert!(

@@ -20,6 +20,25 @@ pub const PORT: u16 = 7443;
 /// nobody holds the mover with a silent stream.
 const HANDSHAKE: Duration = Duration::from_secs(20);
 
+/// `csi-relay mover`: listens on the pod's loopback and serves.
+pub async fn run(
+    role: &str,
+    move_id: &str,
+    key_file: &std::path::Path,
+    path: PathBuf,
+    block: bool,
+    port: u16,
+) -> Result<(), String> {
+    let role =
+        Role::parse(role).ok_or_else(|| format!("--role {role:?} is not source or target"))?;
+    let mover = Mover::new(role, move_id.to_string(), key_file, path, block)?;
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("listening on 127.0.0.1:{port}: {e}"))?;
+    tracing::info!(role = role.as_str(), move_id, port, "mover ready");
+    mover.serve(listener).await.map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     Source,
@@ -82,7 +101,13 @@ impl Mover {
             let _ = stream.set_nodelay(true);
             let opened = tokio::time::timeout(
                 HANDSHAKE,
-                Channel::open(stream, End::Mover, &self.key, &self.move_id, self.role.as_str()),
+                Channel::open(
+                    stream,
+                    End::Mover,
+                    &self.key,
+                    &self.move_id,
+                    self.role.as_str(),
+                ),
             )
             .await;
             let mut ch = match opened {

@@ -27,7 +27,9 @@ async fn start(role: Role, key: [u8; KEY_LEN], place: Place) -> (u16, tokio::tas
 }
 
 async fn connect(port: u16, key: &[u8; KEY_LEN], role: Role) -> Channel<TcpStream> {
-    let s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     Channel::open(s, End::Controller, key, "move-1", role.as_str())
         .await
         .expect("handshake")
@@ -45,7 +47,11 @@ async fn one_pass(src: Place, dst: Place) -> Result<PassReport, String> {
     st.abort();
     tt.abort();
     if let Ok(r) = &report {
-        assert_eq!(seen.last().map(|p| p.1), Some(r.total), "progress ends at the total");
+        assert_eq!(
+            seen.last().map(|p| p.1),
+            Some(r.total),
+            "progress ends at the total"
+        );
     }
     report
 }
@@ -64,12 +70,20 @@ fn fill(root: &Path) {
     write(&root.join("d/e/small"), b"hello");
     std::os::unix::fs::symlink("../big", root.join("d/link")).expect("symlink");
     std::fs::hard_link(root.join("d/e/small"), root.join("hard")).expect("hard link");
-    nix::unistd::mkfifo(&root.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o640)).expect("fifo");
+    nix::unistd::mkfifo(
+        &root.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o640),
+    )
+    .expect("fifo");
     // Sparse: 8 MiB with 4 KiB of data in the middle.
     let f = std::fs::File::create(root.join("sparse")).expect("sparse");
     f.set_len(8 << 20).expect("len");
     std::os::unix::fs::FileExt::write_all_at(&f, b"middle", 4 << 20).expect("mid");
-    std::fs::set_permissions(root.join("d/e/small"), std::fs::Permissions::from_mode(0o4751)).expect("mode");
+    std::fs::set_permissions(
+        root.join("d/e/small"),
+        std::fs::Permissions::from_mode(0o4751),
+    )
+    .expect("mode");
     std::os::unix::fs::lchown(root.join("d/e"), Some(1234), Some(5678)).expect("chown");
     let _ = xattr::set(root.join("big"), "user.relay", b"kept");
     let old = nix::sys::time::TimeSpec::new(1_000_000_000, 5);
@@ -89,47 +103,109 @@ async fn a_pass_copies_everything_a_filesystem_holds_and_the_next_sends_only_cha
     let dst = tempfile::tempdir().expect("dst");
     fill(src.path());
     write(&dst.path().join("stale"), b"not in the source");
-    let first = one_pass(Place::Tree(src.path().into()), Place::Tree(dst.path().into()))
-        .await
-        .expect("first pass");
+    let first = one_pass(
+        Place::Tree(src.path().into()),
+        Place::Tree(dst.path().into()),
+    )
+    .await
+    .expect("first pass");
     assert!(first.verified, "{first:?}");
-    assert_eq!(tree::summarize(&Place::Tree(dst.path().into())).expect("sum").digest, first.source_digest);
-    assert!(!dst.path().join("stale").exists(), "what the source lacks is removed");
+    assert_eq!(
+        tree::summarize(&Place::Tree(dst.path().into()))
+            .expect("sum")
+            .digest,
+        first.source_digest
+    );
+    assert!(
+        !dst.path().join("stale").exists(),
+        "what the source lacks is removed"
+    );
 
     let d = dst.path();
-    assert_eq!(std::fs::read(d.join("big")).expect("big"), std::fs::read(src.path().join("big")).expect("big"));
-    assert_eq!(std::fs::read_link(d.join("d/link")).expect("link").to_str(), Some("../big"));
-    let (a, b) = (std::fs::metadata(d.join("hard")).expect("h"), std::fs::metadata(d.join("d/e/small")).expect("s"));
-    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "the hard link is one inode");
+    assert_eq!(
+        std::fs::read(d.join("big")).expect("big"),
+        std::fs::read(src.path().join("big")).expect("big")
+    );
+    assert_eq!(
+        std::fs::read_link(d.join("d/link")).expect("link").to_str(),
+        Some("../big")
+    );
+    let (a, b) = (
+        std::fs::metadata(d.join("hard")).expect("h"),
+        std::fs::metadata(d.join("d/e/small")).expect("s"),
+    );
+    assert_eq!(
+        (a.ino(), a.nlink()),
+        (b.ino(), 2),
+        "the hard link is one inode"
+    );
     assert_eq!(b.mode() & 0o7777, 0o4751, "set-id bits survive the chown");
     let e = std::fs::metadata(d.join("d/e")).expect("e");
-    assert_eq!((e.uid(), e.gid(), e.mtime(), e.mtime_nsec()), (1234, 5678, 1_000_000_000, 5));
-    assert!(std::fs::symlink_metadata(d.join("fifo")).expect("fifo").file_type().is_fifo_like());
+    assert_eq!(
+        (e.uid(), e.gid(), e.mtime(), e.mtime_nsec()),
+        (1234, 5678, 1_000_000_000, 5)
+    );
+    assert!(std::fs::symlink_metadata(d.join("fifo"))
+        .expect("fifo")
+        .file_type()
+        .is_fifo_like());
     let sparse = std::fs::metadata(d.join("sparse")).expect("sparse");
     assert_eq!(sparse.len(), 8 << 20);
-    assert!(sparse.blocks() * 512 < 2 << 20, "holes stay holes: {} blocks", sparse.blocks());
-    if xattr::get(src.path().join("big"), "user.relay").ok().flatten().is_some() {
-        assert_eq!(xattr::get(d.join("big"), "user.relay").expect("xattr").as_deref(), Some(&b"kept"[..]));
+    assert!(
+        sparse.blocks() * 512 < 2 << 20,
+        "holes stay holes: {} blocks",
+        sparse.blocks()
+    );
+    if xattr::get(src.path().join("big"), "user.relay")
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        assert_eq!(
+            xattr::get(d.join("big"), "user.relay")
+                .expect("xattr")
+                .as_deref(),
+            Some(&b"kept"[..])
+        );
     }
     // Sparse chunks go as Zero messages: what was sent is the data, not 8 MiB of zeros.
-    assert!(first.sent < (3 * CHUNK + 12345 + 2 * CHUNK) as u64, "{first:?}");
+    assert!(
+        first.sent < (3 * CHUNK + 12345 + 2 * CHUNK) as u64,
+        "{first:?}"
+    );
 
     // Rewrite 100 KiB inside the big file's second chunk: one chunk goes.
-    let f = std::fs::OpenOptions::new().write(true).open(src.path().join("big")).expect("open");
-    std::os::unix::fs::FileExt::write_all_at(&f, &[9u8; 100 << 10], CHUNK as u64 + 10).expect("rewrite");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(src.path().join("big"))
+        .expect("open");
+    std::os::unix::fs::FileExt::write_all_at(&f, &[9u8; 100 << 10], CHUNK as u64 + 10)
+        .expect("rewrite");
     drop(f);
     std::fs::remove_file(src.path().join("hard")).expect("unlink");
-    let second = one_pass(Place::Tree(src.path().into()), Place::Tree(dst.path().into()))
-        .await
-        .expect("second pass");
+    let second = one_pass(
+        Place::Tree(src.path().into()),
+        Place::Tree(dst.path().into()),
+    )
+    .await
+    .expect("second pass");
     assert!(second.verified, "{second:?}");
-    assert_eq!(second.sent, CHUNK as u64, "only the changed chunk: {second:?}");
+    assert_eq!(
+        second.sent, CHUNK as u64,
+        "only the changed chunk: {second:?}"
+    );
     assert!(!d.join("hard").exists());
-    assert_eq!(std::fs::metadata(d.join("d/e/small")).expect("s").nlink(), 1);
+    assert_eq!(
+        std::fs::metadata(d.join("d/e/small")).expect("s").nlink(),
+        1
+    );
 
-    let third = one_pass(Place::Tree(src.path().into()), Place::Tree(dst.path().into()))
-        .await
-        .expect("third pass");
+    let third = one_pass(
+        Place::Tree(src.path().into()),
+        Place::Tree(dst.path().into()),
+    )
+    .await
+    .expect("third pass");
     assert!(third.verified && third.sent == 0, "{third:?}");
 }
 
@@ -151,16 +227,28 @@ async fn a_block_volume_is_copied_by_chunk_and_resynced_by_changed_chunks() {
     std::os::unix::fs::FileExt::write_all_at(&f, &[5u8; 3 << 20], 2 << 20).expect("data");
     drop(f);
     // The target's device is larger, as a member class may round up.
-    std::fs::File::create(&dst).expect("dst").set_len(20 << 20).expect("len");
-    let first = one_pass(Place::Device(src.clone(), None), Place::Device(dst.clone(), None))
-        .await
-        .expect("first");
+    std::fs::File::create(&dst)
+        .expect("dst")
+        .set_len(20 << 20)
+        .expect("len");
+    let first = one_pass(
+        Place::Device(src.clone(), None),
+        Place::Device(dst.clone(), None),
+    )
+    .await
+    .expect("first");
     assert!(first.verified, "{first:?}");
     assert_eq!(first.sent, 3 << 20, "zero chunks are not sent: {first:?}");
-    assert!(first.wire < 100_000, "repetitive data compresses: {first:?}");
+    assert!(
+        first.wire < 100_000,
+        "repetitive data compresses: {first:?}"
+    );
     let got = std::fs::read(&dst).expect("dst");
     assert_eq!(&got[..16 << 20], &std::fs::read(&src).expect("src")[..]);
-    let f = std::fs::OpenOptions::new().write(true).open(&src).expect("src");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&src)
+        .expect("src");
     std::os::unix::fs::FileExt::write_all_at(&f, b"changed", 10 << 20).expect("change");
     drop(f);
     let second = one_pass(Place::Device(src, None), Place::Device(dst, None))
@@ -173,8 +261,14 @@ async fn a_block_volume_is_copied_by_chunk_and_resynced_by_changed_chunks() {
 async fn a_target_too_small_fails_the_pass_saying_so() {
     let dir = tempfile::tempdir().expect("tmp");
     let (src, dst) = (dir.path().join("src.img"), dir.path().join("dst.img"));
-    std::fs::File::create(&src).expect("src").set_len(4 << 20).expect("len");
-    std::fs::File::create(&dst).expect("dst").set_len(2 << 20).expect("len");
+    std::fs::File::create(&src)
+        .expect("src")
+        .set_len(4 << 20)
+        .expect("len");
+    std::fs::File::create(&dst)
+        .expect("dst")
+        .set_len(2 << 20)
+        .expect("len");
     let why = one_pass(Place::Device(src, None), Place::Device(dst, None))
         .await
         .expect_err("too small");
@@ -186,13 +280,18 @@ async fn a_mover_without_the_key_gets_no_session() {
     let dir = tempfile::tempdir().expect("tmp");
     let key = new_key();
     let (port, task) = start(Role::Source, key, Place::Tree(dir.path().into())).await;
-    let s = TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    let s = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
     let wrong = Channel::open(s, End::Controller, &new_key(), "move-1", "source").await;
     assert!(wrong.is_err(), "a wrong key opened a session");
     // The mover serves the next, rightful session.
     let mut ch = connect(port, &key, Role::Source).await;
     ch.send(&super::wire::Msg::Index).await.expect("send");
     let answer: super::wire::Msg = ch.recv().await.expect("answer");
-    assert!(matches!(answer, super::wire::Msg::Failed { ref why } if why.contains("not for the source")), "{answer:?}");
+    assert!(
+        matches!(answer, super::wire::Msg::Failed { ref why } if why.contains("not for the source")),
+        "{answer:?}"
+    );
     task.abort();
 }

@@ -30,7 +30,12 @@ pub async fn pass<S: AsyncRead + AsyncWrite + Unpin>(
                 have.insert(path, chunks);
             }
             Msg::HaveEnd => break,
-            other => return Err(format!("{} where the target's index was expected", other.name())),
+            other => {
+                return Err(format!(
+                    "{} where the target's index was expected",
+                    other.name()
+                ))
+            }
         }
     }
     let at = place.clone();
@@ -38,7 +43,9 @@ pub async fn pass<S: AsyncRead + AsyncWrite + Unpin>(
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("reading the volume's size: {e}"))?;
-    ch.send(&Msg::Total { bytes }).await.map_err(|e| e.to_string())?;
+    ch.send(&Msg::Total { bytes })
+        .await
+        .map_err(|e| e.to_string())?;
     let (tx, mut rx) = mpsc::channel::<Msg>(8);
     let at = place.clone();
     let walker = tokio::task::spawn_blocking(move || {

@@ -58,13 +58,16 @@ pub async fn apply<S: AsyncRead + AsyncWrite + Unpin>(
                 Msg::Entry(e) => a.entry(e).map_err(|e| format!("writing the target: {e}"))?,
                 Msg::Chunk { index, lz4, data } => {
                     let bytes = wire::unpack(lz4, data, CHUNK)?;
-                    a.chunk(index, &bytes).map_err(|e| format!("writing the target: {e}"))?
+                    a.chunk(index, &bytes)
+                        .map_err(|e| format!("writing the target: {e}"))?
                 }
                 Msg::Zero { index, len } => a
                     .zero(index, u64::from(len).min(CHUNK as u64))
                     .map_err(|e| format!("writing the target: {e}"))?,
                 Msg::End { .. } => {
-                    let place = a.finish().map_err(|e| format!("finishing the target: {e}"))?;
+                    let place = a
+                        .finish()
+                        .map_err(|e| format!("finishing the target: {e}"))?;
                     let s = tree::summarize(&place)
                         .map_err(|e| format!("reading the target back: {e}"))?;
                     return Ok(Msg::Applied {
@@ -204,7 +207,9 @@ impl Applier {
                         // its own, keeping the bytes the index announced.
                         let tmp = full.with_file_name(format!(
                             ".relay-move-{}",
-                            full.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+                            full.file_name()
+                                .map(|n| n.to_string_lossy().into_owned())
+                                .unwrap_or_default()
                         ));
                         std::fs::copy(&full, &tmp)?;
                         std::fs::rename(&tmp, &full)?;
@@ -231,7 +236,9 @@ impl Applier {
                 });
             }
             Kind::Symlink { target } => {
-                let same = existing.as_ref().is_some_and(|m| m.file_type().is_symlink())
+                let same = existing
+                    .as_ref()
+                    .is_some_and(|m| m.file_type().is_symlink())
                     && std::fs::read_link(&full)
                         .is_ok_and(|t| t.as_os_str().as_bytes() == target.as_slice());
                 if !same {
@@ -383,7 +390,9 @@ fn meta(full: &Path, e: &Entry) -> std::io::Result<()> {
         let wanted: HashSet<&str> = e.xattrs.iter().map(|x| x.name.as_str()).collect();
         if let Ok(names) = xattr::list(full) {
             for name in names {
-                let keep = name.to_str().is_some_and(|n| wanted.contains(n) || n == "security.selinux");
+                let keep = name
+                    .to_str()
+                    .is_some_and(|n| wanted.contains(n) || n == "security.selinux");
                 if !keep {
                     xattr::remove(full, &name)?;
                 }

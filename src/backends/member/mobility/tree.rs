@@ -28,7 +28,9 @@ pub type Hash = [u8; 32];
 pub enum Kind {
     Dir,
     /// A regular file; its chunks follow.
-    File { size: u64 },
+    File {
+        size: u64,
+    },
     Symlink {
         #[serde(with = "serde_bytes")]
         target: Vec<u8>,
@@ -39,9 +41,14 @@ pub enum Kind {
         to: Vec<u8>,
     },
     Fifo,
-    Device { block: bool, rdev: u64 },
+    Device {
+        block: bool,
+        rdev: u64,
+    },
     /// A block volume: the whole device; its chunks follow.
-    Volume { size: u64 },
+    Volume {
+        size: u64,
+    },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -83,10 +90,16 @@ impl Entry {
 /// no root, no NUL; the root itself is the empty path.
 pub fn checked_rel(bytes: &[u8]) -> Result<PathBuf, String> {
     if bytes.contains(&0) || bytes.len() > 4096 {
-        return Err(format!("path {:?} is not a usable relative path", String::from_utf8_lossy(bytes)));
+        return Err(format!(
+            "path {:?} is not a usable relative path",
+            String::from_utf8_lossy(bytes)
+        ));
     }
     let path = Path::new(std::ffi::OsStr::from_bytes(bytes));
-    if path.components().any(|c| !matches!(c, Component::Normal(_))) {
+    if path
+        .components()
+        .any(|c| !matches!(c, Component::Normal(_)))
+    {
         return Err(format!(
             "path {:?} leaves the volume (only plain names are taken)",
             path.display()
@@ -441,7 +454,11 @@ mod tests {
         assert!(checked_rel(b"a/b/c").is_ok());
         assert_eq!(checked_rel(b"").expect("root"), PathBuf::new());
         for bad in [&b"../x"[..], b"/etc/passwd", b"a/../../b", b"a\0b", b"./a"] {
-            assert!(checked_rel(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+            assert!(
+                checked_rel(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
@@ -463,6 +480,9 @@ mod tests {
         std::fs::write(root.join("a"), new).expect("a");
         let changed = summarize(&place).expect("sum");
         assert_ne!(changed.digest, first.digest);
-        assert_eq!(changed.files[0].2[1], first.files[0].2[1], "last chunk equal");
+        assert_eq!(
+            changed.files[0].2[1], first.files[0].2[1],
+            "last chunk equal"
+        );
     }
 }

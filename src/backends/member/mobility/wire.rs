@@ -106,15 +106,21 @@ pub fn unpack(lz4: bool, data: Vec<u8>, max: usize) -> Result<Vec<u8>, String> {
             let mut n = [0u8; 4];
             n.copy_from_slice(&data[..4]);
             if u32::from_le_bytes(n) as usize > max {
-                return Err(format!("a compressed chunk announces more than {max} bytes"));
+                return Err(format!(
+                    "a compressed chunk announces more than {max} bytes"
+                ));
             }
         }
-        lz4_flex::decompress_size_prepended(&data).map_err(|e| format!("a chunk does not decompress: {e}"))?
+        lz4_flex::decompress_size_prepended(&data)
+            .map_err(|e| format!("a chunk does not decompress: {e}"))?
     } else {
         data
     };
     if bytes.len() > max {
-        return Err(format!("a chunk of {} bytes is more than {max}", bytes.len()));
+        return Err(format!(
+            "a chunk of {} bytes is more than {max}",
+            bytes.len()
+        ));
     }
     Ok(bytes)
 }
@@ -139,6 +145,8 @@ mod tests {
         assert!(!lz4, "incompressible data goes raw");
         assert_eq!(unpack(lz4, data, 1 << 20).expect("unpack"), noise);
         let bomb = lz4_flex::compress_prepend_size(&vec![0u8; 3 << 20]);
-        assert!(unpack(true, bomb, 1 << 20).unwrap_err().contains("more than"));
+        assert!(unpack(true, bomb, 1 << 20)
+            .unwrap_err()
+            .contains("more than"));
     }
 }
