@@ -153,6 +153,13 @@ pub struct ServeArgs {
     #[arg(long = "lost-member", value_name = "NAME", value_parser = crate::k8s::naming::parse_member_name)]
     pub lost_members: Vec<String>,
 
+    /// The image the movers of volume moves run (movableBetween classes):
+    /// this release of csi-relay, as the members pull it. Without it such
+    /// volumes stay in the member that made them, and a pod of theirs on
+    /// another member is refused, saying so.
+    #[arg(long = "mover-image", env = "CSI_RELAY_MOVER_IMAGE", value_name = "IMAGE")]
+    pub mover_image: Option<String>,
+
     /// A member declared lost (--lost-member NAME) that may come back, and
     /// the kubeconfig that reaches it (repeatable). As long as it stays
     /// declared lost, the leading controller asks it every 3 s and deletes,

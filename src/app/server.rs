@@ -315,7 +315,8 @@ async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), St
         .map_err(StartError::Config)?;
     let backend = MemberBackend::new(clusters, Some(host.clone()), &args.driver_name)
         .with_virtual_nodes(args.virtual_node_selector.clone())
-        .with_lost_members(args.lost_members.iter().cloned());
+        .with_lost_members(args.lost_members.iter().cloned())
+        .with_mover_image(args.mover_image.clone());
     Ok((backend, host))
 }
 

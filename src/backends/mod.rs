@@ -342,6 +342,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Where `vol` must live before `node_id` can use it, when that is no
+    /// longer where it is: a volume that moves with its pod (the member
+    /// backend's `movableBetween`). None: attach where it is. The new
+    /// backing, once its data is copied and verified there; the caller
+    /// records it before anything uses it. A move in progress is
+    /// UNAVAILABLE, its progress in the message.
+    async fn moved_home(&self, _vol: &Volume, _node_id: &str) -> CsiResult<Option<Backing>> {
+        Ok(None)
+    }
+
     /// Makes the volume available to `node_id`; returns the publish_context the
     /// node side needs.
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>>;

@@ -72,6 +72,26 @@ pub struct VolumeParams {
     /// and local member PVs live on. Default: the same path in every member.
     #[serde(rename = "sharedPaths")]
     pub shared_paths: Option<String>,
+    /// Member backend, moves: `member=class` pairs, comma-separated: the
+    /// members that share no storage between which a volume moves with
+    /// its pod, and the member StorageClass its claim gets in each. The
+    /// data is copied by the relay's movers (`backends::member::mobility`).
+    #[serde(rename = "movableBetween")]
+    pub movable_between: Option<String>,
+    /// Member backend, with movableBetween: what becomes of the old
+    /// member's claim once the volume served in its new member: `delete`
+    /// (default) or `keep` (until DeleteVolume: a move back then sends
+    /// only what changed).
+    #[serde(rename = "movedDataRetention")]
+    pub moved_data_retention: Option<Retention>,
+}
+
+#[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Retention {
+    #[default]
+    Delete,
+    Keep,
 }
 
 #[derive(Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +142,12 @@ impl VolumeParams {
         }
         if self.shared_paths.is_some() {
             keys.push("sharedPaths");
+        }
+        if self.movable_between.is_some() {
+            keys.push("movableBetween");
+        }
+        if self.moved_data_retention.is_some() {
+            keys.push("movedDataRetention");
         }
         keys
     }

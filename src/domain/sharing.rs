@@ -25,12 +25,22 @@ pub struct Sharing {
     /// Where each member's nodes mount the shared filesystem; empty: the
     /// same path everywhere.
     mounts: BTreeMap<String, PathBuf>,
+    /// A class whose members share nothing (`movableBetween`): each
+    /// member's StorageClass; the data moves between them. Empty for
+    /// shared storage.
+    classes: BTreeMap<String, String>,
 }
 
 impl Sharing {
     /// The sharing a class declares; None for a volume of one member. The
     /// error names the parameter, the value and why.
     pub fn of(params: &VolumeParams) -> Result<Option<Sharing>, String> {
+        if let Some(list) = &params.movable_between {
+            return Self::movable(params, list).map(Some);
+        }
+        if params.moved_data_retention.is_some() {
+            return Err("movedDataRetention is set without movableBetween".into());
+        }
         let Some(list) = &params.shared_with else {
             return match &params.shared_paths {
                 Some(_) => Err("sharedPaths is set without sharedWith: name the members that share the storage in sharedWith".into()),
@@ -88,7 +98,53 @@ impl Sharing {
                 ));
             }
         }
-        Ok(Some(Sharing { members, mounts }))
+        Ok(Some(Sharing {
+            members,
+            mounts,
+            classes: BTreeMap::new(),
+        }))
+    }
+
+    fn movable(params: &VolumeParams, list: &str) -> Result<Sharing, String> {
+        if params.shared_with.is_some() || params.shared_paths.is_some() {
+            return Err("movableBetween and sharedWith/sharedPaths exclude each other: members either share the storage or the data moves between them".into());
+        }
+        if list.len() > MAX_LIST {
+            return Err(format!("movableBetween is {} bytes long, more than {MAX_LIST}", list.len()));
+        }
+        let mut classes = BTreeMap::new();
+        for pair in list.split(',').map(str::trim) {
+            let Some((m, c)) = pair.split_once('=').map(|(m, c)| (m.trim(), c.trim())) else {
+                return Err(format!("movableBetween entry {pair:?} is not member=storageclass"));
+            };
+            if m.is_empty() || c.is_empty() {
+                return Err(format!("movableBetween entry {pair:?} has an empty member or class name"));
+            }
+            if classes.insert(m.to_string(), c.to_string()).is_some() {
+                return Err(format!("movableBetween {list:?} names member {m:?} twice"));
+            }
+        }
+        if classes.len() < 2 {
+            return Err(format!("movableBetween {list:?} names fewer than two members: a volume moves between two or more"));
+        }
+        if params.member_storage_class.is_some() {
+            return Err("memberStorageClass is set with movableBetween, which names each member's class".into());
+        }
+        Ok(Sharing {
+            members: classes.keys().cloned().collect(),
+            mounts: BTreeMap::new(),
+            classes,
+        })
+    }
+
+    /// Whether the members share nothing and the data moves.
+    pub fn moves(&self) -> bool {
+        !self.classes.is_empty()
+    }
+
+    /// The StorageClass a movable volume's claim gets in `member`.
+    pub fn class_in(&self, member: &str) -> Option<&str> {
+        self.classes.get(member).map(String::as_str)
     }
 
     pub fn includes(&self, member: &str) -> bool {
@@ -157,6 +213,33 @@ mod tests {
             shared_paths: paths.map(str::to_string),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn movable_classes_name_a_class_per_member_and_exclude_sharing() {
+        let p = |between: &str| VolumeParams {
+            movable_between: Some(between.into()),
+            ..Default::default()
+        };
+        let s = Sharing::of(&p("east=fast, west = local")).unwrap().unwrap();
+        assert!(s.moves() && s.includes("west"));
+        assert_eq!(s.class_in("west"), Some("local"));
+        assert_eq!(s.members().collect::<Vec<_>>(), ["east", "west"]);
+        for (bad, why) in [
+            ("east=fast", "fewer than two"),
+            ("east,west", "not member=storageclass"),
+            ("east=a,east=b", "twice"),
+            ("east=,west=b", "empty"),
+        ] {
+            let err = Sharing::of(&p(bad)).unwrap_err();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+        let both = VolumeParams {
+            shared_with: Some("east,west".into()),
+            ..p("east=a,west=b")
+        };
+        assert!(Sharing::of(&both).unwrap_err().contains("exclude each other"));
+        assert!(!Sharing::of(&params(Some("east,west"), None)).unwrap().unwrap().moves());
     }
 
     #[test]

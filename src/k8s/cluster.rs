@@ -20,6 +20,9 @@ pub struct Cluster {
     name: String,
     label: String,
     client: kube::Client,
+    /// For long streams (a move's port-forwards): reads may wait longer
+    /// than a call's timeout. None: `client`.
+    streams: Option<kube::Client>,
     timeout: Duration,
     /// Whether its requests count in `kube_requests_total` and
     /// `cluster_reachable` (whose alert pages when a member stops answering).
@@ -39,6 +42,7 @@ impl Cluster {
             name: name.to_string(),
             label: format!("member cluster {name}"),
             client,
+            streams: None,
             timeout: CALL_TIMEOUT,
             metered: true,
         }
@@ -50,6 +54,7 @@ impl Cluster {
             name: "host".into(),
             label: "host cluster".into(),
             client,
+            streams: None,
             timeout: CALL_TIMEOUT,
             metered: true,
         }
@@ -60,6 +65,15 @@ impl Cluster {
     pub fn unmetered(mut self) -> Self {
         self.metered = false;
         self
+    }
+
+    pub fn with_streams(mut self, client: kube::Client) -> Self {
+        self.streams = Some(client);
+        self
+    }
+
+    pub fn stream_client(&self) -> kube::Client {
+        self.streams.clone().unwrap_or_else(|| self.client.clone())
     }
 
     pub fn with_timeout(mut self, timeout: Duration) -> Self {

@@ -157,8 +157,11 @@ pub async fn connect_member(arg: &MemberArg) -> Result<Cluster, String> {
     let config = from_kubeconfig(&arg.kubeconfig)
         .await
         .map_err(|e| format!("member {}: {e}", arg.name))?;
+    let mut long = bounded(config.clone());
+    long.read_timeout = Some(WATCH_READ_TIMEOUT);
+    let streams = fenced(long, &format!("member {} (streams)", arg.name))?;
     let client = client(config, &format!("member {}", arg.name))?;
-    Ok(Cluster::member(&arg.name, client))
+    Ok(Cluster::member(&arg.name, client).with_streams(streams))
 }
 
 /// A client for the host cluster: `path`, or the in-cluster service account.

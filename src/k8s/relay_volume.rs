@@ -969,7 +969,16 @@ pub fn untrusted(mut vol: Volume) -> Result<Volume, String> {
     else {
         return Err("only member-cluster volumes are kept in RelayVolumes".into());
     };
-    if backing_member != member {
+    // A volume that moves with its pod lives in any member its class lists;
+    // the claim there must still carry this volume's id (`pvc::owned`).
+    let moved_to = |m: &str| {
+        vol.parameters.get("movableBetween").is_some_and(|list| {
+            list.split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .any(|(name, _)| name.trim() == m)
+        })
+    };
+    if backing_member != member && !moved_to(backing_member) {
         return Err(format!(
             "its member {backing_member:?} is not the one its id names ({member:?})"
         ));

@@ -25,6 +25,10 @@ pub struct Metrics {
     member_unread: IntGaugeVec,
     fenced_pods: IntCounterVec,
     leader: IntGauge,
+    move_bytes: IntCounterVec,
+    move_passes: IntCounterVec,
+    move_seconds: HistogramVec,
+    move_failures: IntCounterVec,
 }
 
 /// The `action` values of `housekeeping_total`.
@@ -131,6 +135,31 @@ fn build() -> Result<Metrics, prometheus::Error> {
         "leader",
         "1 while this controller holds its leader Lease (--leader-election), 0 while it waits",
     ))?;
+    let move_bytes = IntCounterVec::new(
+        Opts::new(
+            "move_bytes_total",
+            "Bytes a volume move sent between the movers (as on the wire, compressed where \
+             it paid), by source and target member",
+        ),
+        &["from", "to"],
+    )?;
+    let move_passes = IntCounterVec::new(
+        Opts::new("move_passes_total", "Copy passes of volume moves, by source and target member"),
+        &["from", "to"],
+    )?;
+    let move_seconds = HistogramVec::new(
+        HistogramOpts::new("move_pass_duration_seconds", "How long a copy pass of a volume move took")
+            .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0]),
+        &["from", "to"],
+    )?;
+    let move_failures = IntCounterVec::new(
+        Opts::new(
+            "move_failures_total",
+            "Attempts of a volume move that failed and are retried (target claim, movers, \
+             the copy), by source and target member",
+        ),
+        &["from", "to"],
+    )?;
     // Every action from the start, at 0: an alert's increase() then counts
     // the first one too, and a scrape shows what can happen.
     for action in HOUSEKEEPING_ACTIONS {
@@ -147,6 +176,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(member_claims.clone()))?;
     registry.register(Box::new(member_unread.clone()))?;
     registry.register(Box::new(fenced_pods.clone()))?;
+    registry.register(Box::new(move_bytes.clone()))?;
+    registry.register(Box::new(move_passes.clone()))?;
+    registry.register(Box::new(move_seconds.clone()))?;
+    registry.register(Box::new(move_failures.clone()))?;
     Ok(Metrics {
         registry,
         calls,
@@ -161,6 +194,10 @@ fn build() -> Result<Metrics, prometheus::Error> {
         member_unread,
         fenced_pods,
         leader,
+        move_bytes,
+        move_passes,
+        move_seconds,
+        move_failures,
     })
 }
 
@@ -208,6 +245,22 @@ pub fn rpc_done(method: &'static str, code: &str, elapsed: std::time::Duration) 
         m.latency
             .with_label_values(&[method])
             .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// A pass of a move from member `from` to `to`: bytes sent, seconds.
+pub fn move_pass(from: &str, to: &str, bytes: u64, seconds: f64) {
+    if let Some(m) = metrics() {
+        m.move_bytes.with_label_values(&[from, to]).inc_by(bytes);
+        m.move_passes.with_label_values(&[from, to]).inc();
+        m.move_seconds.with_label_values(&[from, to]).observe(seconds);
+    }
+}
+
+/// An attempt of a move that failed (it is retried).
+pub fn move_failure(from: &str, to: &str) {
+    if let Some(m) = metrics() {
+        m.move_failures.with_label_values(&[from, to]).inc();
     }
 }
 

@@ -29,7 +29,12 @@ use crate::k8s::naming::{self, MemberVolume};
 /// claim whose name the access claims take (external-provisioner's
 /// `--extra-create-metadata`). ReadWriteMany volumes keep the origin claim
 /// under the host claim's name: every member may write them at once.
+/// A volume that moves (`movableBetween`) is gated whatever its mode: its
+/// data may be copied only while no member pod can write it.
 pub fn gated(params: &VolumeParams, caps: &[Capability], sharing: Option<&Sharing>) -> bool {
+    if sharing.is_some_and(Sharing::moves) {
+        return params.pvc_name.is_some();
+    }
     sharing.is_some()
         && params.pvc_name.is_some()
         && !caps
@@ -47,7 +52,7 @@ pub fn gated(params: &VolumeParams, caps: &[Capability], sharing: Option<&Sharin
 /// never change, so a record rebuilt from its RelayVolume tells the same.
 pub fn claim_of(params: &VolumeParams, origin: &MemberVolume) -> Option<MemberVolume> {
     let host = params.pvc_name.as_deref()?;
-    let gated = params.shared_with.is_some()
+    let gated = (params.shared_with.is_some() || params.movable_between.is_some())
         && origin.pvc == naming::pvc_name(&origin.uuid)
         && host != origin.pvc;
     gated.then(|| MemberVolume {

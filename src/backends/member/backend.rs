@@ -46,6 +46,9 @@ pub struct MemberBackend {
     /// contacted; their volumes can only be unpublished and deleted, which
     /// leaves their member objects where they are.
     lost: std::collections::BTreeSet<String>,
+    /// Volume moves in progress (`mobility`), and the image their movers run.
+    moves: std::sync::Arc<crate::backends::member::mobility::moving::Moves>,
+    mover_image: Option<String>,
 }
 
 fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
@@ -167,6 +170,7 @@ impl MemberBackend {
         let at = MemberVolume::of(vol)?;
         let cluster = self.cluster(&at.member)?;
         let params = decode_volume_params(vol)?;
+        let params = moves::params_in(&params, sharing_of(&params)?.as_ref(), &at.member);
         let same_place = |what: String, backing: &Backing| -> CsiResult<()> {
             match backing {
                 Backing::Member {
@@ -268,7 +272,15 @@ impl MemberBackend {
             unreachable: Mutex::new(HashMap::new()),
             virtual_nodes: None,
             lost: Default::default(),
+            moves: Default::default(),
+            mover_image: None,
         }
+    }
+
+    /// The image the movers of volume moves run (`csi-relay mover`).
+    pub fn with_mover_image(mut self, image: Option<String>) -> Self {
+        self.mover_image = image;
+        self
     }
 
     /// Members declared lost for good (`--lost-member`). Only an
@@ -550,11 +562,12 @@ impl Backend for MemberBackend {
                 .map_err(|why| CsiError::invalid("parameters", why))?;
         }
         if let Some(sharing) = sharing_of(params)? {
+            let key = if sharing.moves() { "movableBetween" } else { "sharedWith" };
             if let Some(m) = sharing.members().find(|m| !self.members.contains_key(*m)) {
                 return Err(CsiError::invalid(
                     "parameters",
                     format!(
-                        "sharedWith names member {m:?}, which is not a configured member cluster (--member); configured: {:?}",
+                        "{key} names member {m:?}, which is not a configured member cluster (--member); configured: {:?}",
                         self.names()
                     ),
                 ));
@@ -562,8 +575,16 @@ impl Backend for MemberBackend {
             if let Some(m) = params.member.as_ref().filter(|m| !sharing.includes(m)) {
                 return Err(CsiError::invalid(
                     "parameters",
-                    format!("member {m:?} is not one of the members sharedWith lists"),
+                    format!("member {m:?} is not one of the members {key} lists"),
                 ));
+            }
+            for m in sharing.members() {
+                if let Some(class) = sharing.class_in(m).filter(|c| !naming::is_dns_subdomain(c)) {
+                    return Err(CsiError::invalid(
+                        "parameters",
+                        format!("movableBetween gives member {m:?} the class {class:?}, which is not a valid StorageClass name"),
+                    ));
+                }
             }
         }
         if let Some(sc) = &params.member_storage_class {
@@ -600,6 +621,12 @@ impl Backend for MemberBackend {
         let uuid = naming::volume_uuid(&self.driver_name, name);
         let (namespace, mut pvc) = naming::member_claim(params, &uuid.simple().to_string())?;
         let sharing = sharing_of(params)?;
+        if sharing.as_ref().is_some_and(Sharing::moves) && params.pvc_name.is_none() {
+            return Err(CsiError::invalid(
+                "parameters",
+                "a movableBetween class needs the host claim's name (csi.storage.k8s.io/pvc/name): run external-provisioner with --extra-create-metadata",
+            ));
+        }
         if access::gated(params, caps, sharing.as_ref()) {
             // The data under a name no pod looks for: members reach it
             // through the access claims publish makes (`access`).
@@ -665,6 +692,7 @@ impl Backend for MemberBackend {
             return Ok(None);
         };
         let cluster = self.cluster(&member)?;
+        let params = &moves::params_in(params, sharing_of(params)?.as_ref(), &member);
         let Some(class) =
             pvc::storage_class(cluster, params.member_storage_class.as_deref()).await?
         else {
@@ -695,7 +723,9 @@ impl Backend for MemberBackend {
     /// Bound (a member class that binds at once: CreateVolume waited for
     /// it); nothing for one that binds later.
     async fn created_context(&self, vol: &Volume) -> CsiResult<BTreeMap<String, String>> {
-        if sharing_of(&decode_volume_params(vol)?)?.is_none() {
+        // A movable volume's data is in one member only: nothing another
+        // could import if that member were lost.
+        if sharing_of(&decode_volume_params(vol)?)?.is_none_or(|s| s.moves()) {
             return Ok(BTreeMap::new());
         }
         let at = MemberVolume::of(vol)?;
@@ -766,6 +796,9 @@ impl Backend for MemberBackend {
                 .filter(|m| (gate.is_some() || *m != at.member) && !self.is_lost(m))
             {
                 import::remove(self.cluster(member)?, &claim, &vol.id).await?;
+            }
+            if sharing.moves() {
+                self.delete_moved(vol, &sharing, &at).await?;
             }
         }
         if let Some(left) = self.left_behind(vol) {
@@ -1068,6 +1101,10 @@ impl Backend for MemberBackend {
         group_snapshot::delete(cluster, namespace, &naming::group_snapshot_name(&group.id)).await
     }
 
+    async fn moved_home(&self, vol: &Volume, node_id: &str) -> CsiResult<Option<Backing>> {
+        self.move_home(vol, node_id).await
+    }
+
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>> {
         let origin = MemberVolume::of(vol)?;
         let sharing = sharing_of(&decode_volume_params(vol)?)?;
@@ -1128,8 +1165,8 @@ impl Backend for MemberBackend {
             ))
         })?;
         let mut described = match sharing {
-            Some(_) => MemberSource::from_shared_pv(&at.member, &pv, place.member_node.as_deref())?,
-            None => MemberSource::from_pv(&at.member, &pv, place.member_node.as_deref())?,
+            Some(s) if !s.moves() => MemberSource::from_shared_pv(&at.member, &pv, place.member_node.as_deref())?,
+            _ => MemberSource::from_pv(&at.member, &pv, place.member_node.as_deref())?,
         };
         described.to_context()?; // fits, before anything is created for it
         if let SourceKind::Csi {
@@ -1481,3 +1518,6 @@ mod tests;
 
 #[path = "backend_imports.rs"]
 mod imports;
+
+#[path = "mobility/home.rs"]
+mod moves;

@@ -10,7 +10,7 @@ use crate::domain::volume::Progress;
 impl MemberBackend {
     /// The member a host node runs its pods in (its label); None without a
     /// host cluster or a label.
-    async fn node_member(&self, node_id: &str) -> CsiResult<Option<String>> {
+    pub(super) async fn node_member(&self, node_id: &str) -> CsiResult<Option<String>> {
         let Some(host) = &self.host else {
             return Ok(None);
         };
@@ -65,10 +65,17 @@ impl MemberBackend {
             .unwrap_or_else(|| origin.member.clone());
         let gate = access::claim_of(&decode_volume_params(vol)?, origin);
         let claim = gate.clone().unwrap_or_else(|| origin.clone());
+        if sharing.moves() && here != origin.member {
+            // ControllerPublishVolume moves it first (`moved_home`).
+            return Err(CsiError::Unavailable(format!(
+                "volume {} lives in member cluster {}, not yet in member cluster {here} of host node {node_id}; its move is under way (retry)",
+                vol.id, origin.member
+            )));
+        }
         if writes_alone(vol, node_id) {
             match &gate {
                 Some(access) => {
-                    self.held_by_another(vol, access, sharing, &here, node_id)
+                    self.held_by_another(vol, access, sharing, &here, node_id, false)
                         .await?
                 }
                 None => {
@@ -95,19 +102,30 @@ impl MemberBackend {
     /// moment, and it goes only at that member's last unpublish). A member
     /// declared lost counts for nothing (the operator's word that nothing
     /// runs there); one that cannot be asked fails the call.
-    async fn held_by_another(
+    ///
+    /// With `any_mode` (a move), readers hold it too and the message says
+    /// the volume moves once they let go.
+    pub(super) async fn held_by_another(
         &self,
         vol: &Volume,
         claim: &MemberVolume,
         sharing: &Sharing,
         here: &str,
         node_id: &str,
+        any_mode: bool,
     ) -> CsiResult<()> {
         let refuse = |why: String| {
-            CsiError::FailedPrecondition(format!(
-                "volume {} has a single-writer access mode and {why}; host node {node_id} (member cluster {here}) can use it once they let go",
-                vol.id
-            ))
+            CsiError::FailedPrecondition(if any_mode {
+                format!(
+                    "volume {} {why}; it moves to member cluster {here} (host node {node_id}) once they let go, its copy already syncing",
+                    vol.id
+                )
+            } else {
+                format!(
+                    "volume {} has a single-writer access mode and {why}; host node {node_id} (member cluster {here}) can use it once they let go",
+                    vol.id
+                )
+            })
         };
         let mut held = Vec::new();
         for (other, n) in &vol.nodes {
@@ -115,7 +133,7 @@ impl MemberBackend {
                 .attachment
                 .as_ref()
                 .is_some_and(|a| a.progress == Progress::Done);
-            if other != node_id && done && writes_alone(vol, other) {
+            if other != node_id && done && (any_mode || writes_alone(vol, other)) {
                 held.push(access::Held {
                     member: self.used_in(vol, other, &claim.member).await?,
                     by: access::Holder::HostNode(other.clone()),

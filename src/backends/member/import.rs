@@ -135,7 +135,24 @@ pub fn pv_manifest(
             type_: Some("Directory".into()),
         })
     };
-    if let Some(csi) = &spec.csi {
+    if from == to {
+        // An access claim of the member that holds the data: the source
+        // as it is, where it is (a local PV keeps its node).
+        imported.node_affinity = spec.node_affinity.clone();
+        imported.csi = spec.csi.clone();
+        imported.nfs = spec.nfs.clone();
+        imported.host_path = spec.host_path.clone();
+        imported.local = spec.local.clone();
+        if imported.csi.is_none()
+            && imported.nfs.is_none()
+            && imported.host_path.is_none()
+            && imported.local.is_none()
+        {
+            return Err(refuse(
+                "has a source csi-relay cannot import (supported: csi, nfs, hostPath, local)".into(),
+            ));
+        }
+    } else if let Some(csi) = &spec.csi {
         imported.csi = Some(csi.clone());
     } else if let Some(nfs) = &spec.nfs {
         imported.nfs = Some(nfs.clone());

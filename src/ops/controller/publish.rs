@@ -51,6 +51,22 @@ pub async fn publish(
                 (*next, true)
             }
         };
+    // A volume that moves with its pod changes home first: the move's
+    // outcome is recorded before the new member's access claim is made.
+    let attached = match d.backend.moved_home(&attached, &node_id).await {
+        Ok(None) => attached,
+        Ok(Some(backing)) => {
+            let mut moved = attached.clone();
+            moved.backing = backing;
+            d.put_volume(&moved).await?;
+            tracing::info!(volume_id = %id, node_id = %node_id, backing = ?moved.backing, "volume moved: its new member holds it now");
+            moved
+        }
+        Err(e) => {
+            d.note_failure(&attached, "ControllerPublishVolume", &e).await;
+            return Err(e);
+        }
+    };
     let attachment = attached.node(&node_id).and_then(|n| n.attachment.as_ref());
     let mut context = attachment
         .map(|a| a.publish_context.clone())

@@ -8,6 +8,8 @@
 //! still runs leave the last one, after it stopped, little to send.
 
 pub mod channel;
+pub mod mover_pod;
+pub mod moving;
 pub mod mover;
 pub mod pass;
 pub mod source;

@@ -1,0 +1,220 @@
+//! The member backend's side of a move: when a volume of a
+//! `movableBetween` class must live elsewhere before a node can use it,
+//! what refuses the move, what starts it, and the switch of home; what a
+//! move leaves behind, and how DeleteVolume clears every member.
+
+use super::*;
+use crate::backends::member::mobility::mover_pod;
+use crate::backends::member::mobility::moving::{self, Plan};
+use crate::domain::params::Retention;
+
+/// How long ControllerPublishVolume waits for a copy about to verify
+/// before answering with its progress (the attacher's timeout is 60 s).
+const MOVE_WAIT: Duration = Duration::from_secs(20);
+/// How long after a switch the old member's claim waits for a pod to run
+/// on the new copy before it is left to DeleteVolume or the next move.
+const SERVED_WAIT: Duration = Duration::from_secs(900);
+
+/// The parameters of the volume's claim in `member`: its class from
+/// `movableBetween`.
+pub(super) fn params_in(params: &VolumeParams, sharing: Option<&Sharing>, member: &str) -> VolumeParams {
+    let mut p = params.clone();
+    if let Some(class) = sharing.and_then(|s| s.class_in(member)) {
+        p.member_storage_class = Some(class.to_string());
+    }
+    p
+}
+
+impl MemberBackend {
+    pub(super) async fn move_home(
+        &self,
+        vol: &Volume,
+        node_id: &str,
+    ) -> CsiResult<Option<Backing>> {
+        let params = decode_volume_params(vol)?;
+        let Some(sharing) = sharing_of(&params)?.filter(Sharing::moves) else {
+            return Ok(None);
+        };
+        let home = MemberVolume::of(vol)?;
+        let Some(access) = access::claim_of(&params, &home) else {
+            return Ok(None);
+        };
+        let here = match self.node_member(node_id).await? {
+            Some(m) if sharing.includes(&m) => m,
+            _ => return Ok(None),
+        };
+        if here == home.member {
+            // A publish where the volume is: no pass begun before it serves.
+            self.moves.interrupt(&vol.id);
+            return Ok(None);
+        }
+        let moving = |why: String| {
+            CsiError::FailedPrecondition(format!(
+                "volume {} lives in member cluster {} and cannot move to member cluster {here} (host node {node_id}): {why}",
+                vol.id, home.member
+            ))
+        };
+        if self.is_lost(&home.member) {
+            return Err(moving(format!(
+                "member cluster {} is declared lost (--lost-member), and its data with it",
+                home.member
+            )));
+        }
+        let image = self.mover_image.clone().ok_or_else(|| {
+            moving("the controller has no --mover-image, the image its movers run".into())
+        })?;
+        let plan = self.move_plan(vol, &params, &sharing, &home, &access, &here, image)?;
+        // Held in another member: refused, but the copy starts, so that the
+        // pass after the holder let go sends only what changed since.
+        if let Err(held) = self.held_for_move(vol, &access, &sharing, &here, node_id).await {
+            self.moves.ensure(plan);
+            return Err(held);
+        }
+        if !self.moves.verified(&vol.id, &here) {
+            self.moves.ensure(plan);
+            if !self.moves.wait_verified(&vol.id, &here, MOVE_WAIT).await {
+                let status = self
+                    .moves
+                    .status(&vol.id)
+                    .map(|s| moving::describe(&s))
+                    .unwrap_or_else(|| "starting".into());
+                return Err(CsiError::Unavailable(format!(
+                    "volume {} is moving from member cluster {} to member cluster {here}, where host node {node_id} runs its pods: {status}; ControllerPublishVolume succeeds once the copy is verified (retry)",
+                    vol.id, home.member
+                )));
+            }
+            // The wait let other calls in: what held it is asked again.
+            self.held_for_move(vol, &access, &sharing, &here, node_id).await?;
+        }
+        let seconds = self.moves.finish(&vol.id).unwrap_or_default();
+        tracing::info!(volume_id = %vol.id, from = %home.member, to = %here, seconds, "move verified: the volume's home is now its new member");
+        let retention = params.moved_data_retention.unwrap_or_default();
+        self.after_move(vol, &home, &access, &here, retention);
+        Ok(Some(Backing::Member {
+            member: here,
+            namespace: home.namespace.clone(),
+            pvc: home.pvc.clone(),
+            selected_node: None,
+        }))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn move_plan(
+        &self,
+        vol: &Volume,
+        params: &VolumeParams,
+        sharing: &Sharing,
+        home: &MemberVolume,
+        access: &MemberVolume,
+        here: &str,
+        image: String,
+    ) -> CsiResult<Plan> {
+        let target = MemberVolume {
+            member: here.to_string(),
+            selected_node: None,
+            ..home.clone()
+        };
+        let member_params = params_in(params, Some(sharing), here);
+        let mut claim = pvc::manifest(&pvc::ClaimPlan {
+            vol,
+            at: &target,
+            params: &member_params,
+            data_source: None,
+            selected_node: None,
+            driver_name: &self.driver_name,
+        });
+        claim
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(MOVED_FROM_ANNOTATION.into(), home.member.clone());
+        let host = self.host.clone().and_then(|h| {
+            params
+                .pv_name
+                .clone()
+                .or_else(|| Some(vol.name.clone()))
+                .map(|pv| (h, pv))
+        });
+        Ok(Plan {
+            volume_id: vol.id.clone(),
+            uuid: home.uuid.clone(),
+            from: self.cluster(&home.member)?.clone(),
+            to: self.cluster(here)?.clone(),
+            data: home.clone(),
+            access: access.clone(),
+            target_claim: claim,
+            image,
+            block: vol.capabilities.iter().any(|c| c.access == crate::domain::capability::AccessType::Block),
+            host,
+        })
+    }
+
+    /// FAILED_PRECONDITION while anything uses the volume outside `here`: a
+    /// finished attachment of any mode on a host node of another member,
+    /// or an access claim there (a move copies a volume nothing writes).
+    async fn held_for_move(
+        &self,
+        vol: &Volume,
+        access: &MemberVolume,
+        sharing: &Sharing,
+        here: &str,
+        node_id: &str,
+    ) -> CsiResult<()> {
+        self.held_by_another(vol, access, sharing, here, node_id, true).await
+    }
+
+    /// After the switch: the movers go; the old member's data claim goes
+    /// once a pod ran on the new copy (`movedDataRetention: delete`), unless
+    /// the volume is on its way back there.
+    fn after_move(&self, vol: &Volume, home: &MemberVolume, access: &MemberVolume, here: &str, retention: Retention) {
+        let (Ok(from), Ok(to)) = (self.cluster(&home.member), self.cluster(here)) else {
+            return;
+        };
+        let (from, to) = (from.clone(), to.clone());
+        let (old, access, id, uuid) = (home.clone(), MemberVolume { member: here.to_string(), ..access.clone() }, vol.id.clone(), home.uuid.clone());
+        let moves = self.moves.clone();
+        tokio::spawn(async move {
+            for c in [&from, &to] {
+                if let Err(e) = mover_pod::remove_all(c, &uuid, &old.namespace).await {
+                    tracing::warn!(volume_id = %id, member = %c.name(), error = %e, "move: movers left (DeleteVolume or the next move removes them)");
+                }
+            }
+            if retention == Retention::Keep {
+                return;
+            }
+            let deadline = tokio::time::Instant::now() + SERVED_WAIT;
+            while tokio::time::Instant::now() < deadline {
+                if moving::served_in(&to, &access).await.unwrap_or(false) {
+                    if moves.status(&id).is_some() {
+                        return; // moving again: the old copy is its target
+                    }
+                    match pvc::delete(&from, &old, &id).await {
+                        Ok(()) => tracing::info!(volume_id = %id, member = %from.name(), claim = %old.pvc_path(), "move: the old member's claim deleted; a pod ran on the new copy"),
+                        Err(e) => tracing::warn!(volume_id = %id, error = %e, "move: the old member's claim left (DeleteVolume removes it)"),
+                    }
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+    }
+
+    /// DeleteVolume of a movable volume: every member's movers, and the
+    /// data claims a move left outside the volume's home (an old copy, a
+    /// target never switched to).
+    pub(super) async fn delete_moved(&self, vol: &Volume, sharing: &Sharing, home: &MemberVolume) -> CsiResult<()> {
+        self.moves.finish(&vol.id);
+        for member in sharing.members().filter(|m| !self.is_lost(m)) {
+            let c = self.cluster(member)?;
+            mover_pod::remove_all(c, &home.uuid, &home.namespace).await?;
+            if member != home.member {
+                let left = MemberVolume { member: member.to_string(), ..home.clone() };
+                pvc::delete(c, &left, &vol.id).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// On a move's target claim: the member it came from.
+pub const MOVED_FROM_ANNOTATION: &str = "relay.csi.dev/moved-from";

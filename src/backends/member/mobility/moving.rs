@@ -1,0 +1,473 @@
+//! The moves in progress: one task per volume that copies it from its
+//! member to the one a pod of it now runs in, pass after pass, until a
+//! pass verifies while nothing could write the source. Nothing here is the
+//! record of a move: its objects are named from the volume (the target's
+//! data claim, the movers, their Secret), so a restarted controller finds
+//! them and starts passing again (a pass sends only what the target
+//! lacks). The switch of home is the caller's, under the volume's lock,
+//! and is recorded before the new member's access claim is made.
+//!
+//! Whether a verified pass may serve: it started while the source member
+//! had no access claim (no pod there could write), and no publish in that
+//! member happened since it started (`interrupt` counts them: such a
+//! publish makes the access claim under the same volume lock the switch
+//! takes).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use tokio::sync::Notify;
+
+use super::channel::{self, Channel, End, KEY_LEN};
+use super::mover::{Role, PORT};
+use super::mover_pod::{self, PodPlan};
+use super::pass::{self, PassReport};
+use crate::domain::error::{CsiError, CsiResult};
+use crate::k8s::cluster::Cluster;
+use crate::k8s::naming::MemberVolume;
+
+/// Pause between passes while the source may still change (a pre-copy).
+const LIVE_PASS_PAUSE: Duration = Duration::from_secs(5);
+const RETRY_MIN: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long the movers may take to start before the attempt is retried.
+const MOVER_START: Duration = Duration::from_secs(120);
+
+/// Everything a move's task needs, fixed when it starts.
+#[derive(Clone)]
+pub struct Plan {
+    pub volume_id: String,
+    pub uuid: String,
+    pub from: Cluster,
+    pub to: Cluster,
+    /// The data claim in each member (the same name and namespace).
+    pub data: MemberVolume,
+    /// The access claim pods use in the source member.
+    pub access: MemberVolume,
+    pub target_claim: PersistentVolumeClaim,
+    pub image: String,
+    pub block: bool,
+    /// Where to tell the host's attacher that the move is done.
+    pub host: Option<(Cluster, String)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub to: String,
+    pub phase: &'static str,
+    pub passes: u32,
+    pub done: u64,
+    pub total: u64,
+    pub sent: u64,
+    pub last: Option<PassReport>,
+    pub error: Option<String>,
+    /// The epoch of the pass that verified while the source was quiet.
+    verified: Option<u64>,
+}
+
+struct Move {
+    to: String,
+    status: Mutex<Status>,
+    epoch: AtomicU64,
+    verified: Notify,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    started: Instant,
+}
+
+#[derive(Default)]
+pub struct Moves {
+    map: Mutex<HashMap<String, Arc<Move>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Moves {
+    /// The move of `volume_id` to `to`, started unless running already; a
+    /// move of it elsewhere is stopped first.
+    pub fn ensure(&self, plan: Plan) {
+        let to = plan.to.name().to_string();
+        let mut map = lock(&self.map);
+        if let Some(m) = map.get(&plan.volume_id) {
+            let alive = lock(&m.task).as_ref().is_some_and(|t| !t.is_finished());
+            if m.to == to && alive {
+                return;
+            }
+            if let Some(t) = lock(&m.task).take() {
+                t.abort();
+            }
+        }
+        let m = Arc::new(Move {
+            to: to.clone(),
+            status: Mutex::new(Status {
+                to,
+                phase: "Preparing",
+                ..Default::default()
+            }),
+            epoch: AtomicU64::new(0),
+            verified: Notify::new(),
+            task: Mutex::new(None),
+            started: Instant::now(),
+        });
+        let task = tokio::spawn(run(plan.clone(), m.clone()));
+        *lock(&m.task) = Some(task);
+        map.insert(plan.volume_id, m);
+    }
+
+    pub fn status(&self, volume_id: &str) -> Option<Status> {
+        let map = lock(&self.map);
+        map.get(volume_id).map(|m| lock(&m.status).clone())
+    }
+
+    /// A publish in the volume's own member: no pass that began before
+    /// it may serve.
+    pub fn interrupt(&self, volume_id: &str) {
+        if let Some(m) = lock(&self.map).get(volume_id) {
+            m.epoch.fetch_add(1, Ordering::SeqCst);
+            lock(&m.status).verified = None;
+        }
+    }
+
+    /// Whether the move to `to` has a pass that may serve.
+    pub fn verified(&self, volume_id: &str, to: &str) -> bool {
+        let map = lock(&self.map);
+        map.get(volume_id).is_some_and(|m| {
+            m.to == to && lock(&m.status).verified == Some(m.epoch.load(Ordering::SeqCst))
+        })
+    }
+
+    /// Waits at most `budget` for the move to verify.
+    pub async fn wait_verified(&self, volume_id: &str, to: &str, budget: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + budget;
+        loop {
+            let m = lock(&self.map).get(volume_id).cloned();
+            let Some(m) = m else { return false };
+            let notified = m.verified.notified();
+            if self.verified(volume_id, to) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.verified(volume_id, to);
+            }
+        }
+    }
+
+    /// The move is over (switched, or the volume is gone): its task stops;
+    /// the seconds it took.
+    pub fn finish(&self, volume_id: &str) -> Option<f64> {
+        let m = lock(&self.map).remove(volume_id)?;
+        if let Some(t) = lock(&m.task).take() {
+            t.abort();
+        }
+        Some(m.started.elapsed().as_secs_f64())
+    }
+}
+
+/// "pass 2, 300.0 MiB of 1.0 GiB read, 12.0 MiB sent; last: …".
+pub fn describe(s: &Status) -> String {
+    let mut out = format!(
+        "{}: pass {}, {} of {} read, {} sent",
+        s.phase,
+        s.passes.max(1),
+        mib(s.done),
+        mib(s.total),
+        mib(s.sent)
+    );
+    if let Some(last) = &s.last {
+        out.push_str(&format!(
+            "; last pass {:.1} s, {} sent, {}",
+            last.seconds,
+            mib(last.sent),
+            if last.verified { "verified" } else { "source changed during it" }
+        ));
+    }
+    if let Some(e) = &s.error {
+        out.push_str(&format!("; last error: {e}"));
+    }
+    out
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
+
+async fn run(plan: Plan, m: Arc<Move>) {
+    let mut backoff = RETRY_MIN;
+    loop {
+        match attempt(&plan, &m).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(volume_id = %plan.volume_id, to = %m.to, error = %e, "move: attempt failed; retrying");
+                crate::rt::metrics::move_failure(plan.from.name(), &m.to);
+                let mut s = lock(&m.status);
+                s.error = Some(e);
+                s.phase = "Retrying";
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(RETRY_MAX);
+    }
+}
+
+fn set(m: &Move, f: impl FnOnce(&mut Status)) {
+    f(&mut lock(&m.status));
+}
+
+/// One try: the target claim, the Secrets and movers, then passes until
+/// one may serve (then it waits to be stopped).
+async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
+    let ns = &plan.data.namespace;
+    let e = |e: CsiError| e.to_string();
+    ensure_target_claim(plan).await.map_err(e)?;
+    let key = match mover_pod::shared_key([&plan.from, &plan.to], &plan.uuid, ns)
+        .await
+        .map_err(e)?
+    {
+        Some(k) => k,
+        None => {
+            let key = channel::new_key();
+            for c in [&plan.from, &plan.to] {
+                mover_pod::remove_all(c, &plan.uuid, ns).await.map_err(e)?;
+                mover_pod::create_secret(c, &plan.uuid, ns, &key).await.map_err(e)?;
+            }
+            key
+        }
+    };
+    let move_id = move_id(plan);
+    for (c, role) in [(&plan.from, Role::Source), (&plan.to, Role::Target)] {
+        let name = mover_pod::pod_name(&plan.uuid, role);
+        if mover_pod::get_pod(c, ns, &name).await.map_err(e)?.is_none() {
+            let node = match role {
+                Role::Source => node_of_users(c, &plan.access).await.map_err(e)?,
+                Role::Target => None,
+            };
+            let p = PodPlan {
+                uuid: &plan.uuid,
+                move_id: &move_id,
+                namespace: ns,
+                claim: &plan.data.pvc,
+                role,
+                image: &plan.image,
+                block: plan.block,
+                node,
+            };
+            mover_pod::create_pod(c, &p).await.map_err(e)?;
+        }
+    }
+    set(m, |s| s.phase = "StartingMovers");
+    let started = Instant::now();
+    loop {
+        let mut waiting = Vec::new();
+        for (c, role) in [(&plan.from, Role::Source), (&plan.to, Role::Target)] {
+            let name = mover_pod::pod_name(&plan.uuid, role);
+            match mover_pod::get_pod(c, ns, &name).await.map_err(e)? {
+                Some(p) => {
+                    if let Err(w) = mover_pod::running(&p, &plan.uuid) {
+                        waiting.push(format!("{}: mover pod {ns}/{name} {w}", c.label()));
+                    }
+                }
+                None => waiting.push(format!("{}: mover pod {ns}/{name} is gone", c.label())),
+            }
+        }
+        if waiting.is_empty() {
+            break;
+        }
+        if started.elapsed() > MOVER_START {
+            return Err(waiting.join("; "));
+        }
+        set(m, |s| s.error = Some(waiting.join("; ")));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (_sf, mut source) = connect(&plan.from, ns, &plan.uuid, Role::Source, &key, &move_id).await?;
+    let (_tf, mut target) = connect(&plan.to, ns, &plan.uuid, Role::Target, &key, &move_id).await?;
+    set(m, |s| {
+        s.phase = "Copying";
+        s.error = None;
+    });
+    loop {
+        let epoch = m.epoch.load(Ordering::SeqCst);
+        let quiet = !source_in_use(plan).await.map_err(e)?;
+        let mut progress = |done: u64, total: u64, sent: u64| {
+            set(m, |s| {
+                s.done = done;
+                s.total = total;
+                s.sent = sent;
+            })
+        };
+        set(m, |s| s.passes += 1);
+        let report = pass::run(&mut source, &mut target, &mut progress).await?;
+        crate::rt::metrics::move_pass(plan.from.name(), &m.to, report.wire, report.seconds);
+        tracing::info!(volume_id = %plan.volume_id, to = %m.to, quiet, total = report.total, sent = report.sent, wire = report.wire, seconds = report.seconds, verified = report.verified, "move: pass done");
+        let serves = report.verified && quiet && m.epoch.load(Ordering::SeqCst) == epoch;
+        set(m, |s| {
+            s.last = Some(report.clone());
+            if serves {
+                s.verified = Some(epoch);
+                s.phase = "Verified";
+            } else {
+                s.phase = "Syncing";
+            }
+        });
+        if serves {
+            m.verified.notify_waiters();
+            if let Some((host, pv)) = &plan.host {
+                nudge_attacher(host, pv, plan.to.name()).await;
+            }
+            // Nothing changes the source until the switch or a publish
+            // in its member; the latter asks for a new pass.
+            while m.epoch.load(Ordering::SeqCst) == epoch {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            continue;
+        }
+        tokio::time::sleep(if quiet { Duration::from_millis(200) } else { LIVE_PASS_PAUSE }).await;
+    }
+}
+
+fn move_id(plan: &Plan) -> String {
+    format!("{}-{}", plan.uuid, plan.to.name())
+}
+
+/// The target's data claim, made once (by name) with the relay's marks.
+async fn ensure_target_claim(plan: &Plan) -> CsiResult<()> {
+    let api = Api::<PersistentVolumeClaim>::namespaced(plan.to.client(), &plan.data.namespace);
+    let path = plan.data.pvc_path();
+    let found = crate::backends::member::pvc::get(&plan.to, &plan.data.namespace, &plan.data.pvc).await?;
+    match found {
+        Some(c) if crate::backends::member::pvc::belongs_to(&c, &plan.volume_id) => Ok(()),
+        Some(_) => Err(CsiError::FailedPrecondition(format!(
+            "{}: PersistentVolumeClaim {path} exists and is not volume {}'s; the volume cannot move there",
+            plan.to.label(),
+            plan.volume_id
+        ))),
+        None => {
+            plan.to
+                .create(
+                    &format!("create PersistentVolumeClaim {path}"),
+                    api.create(&PostParams::default(), &plan.target_claim),
+                )
+                .await?;
+            tracing::info!(volume_id = %plan.volume_id, to = %plan.to.name(), claim = %path, "move: target claim made");
+            Ok(())
+        }
+    }
+}
+
+/// Whether a pod in the source member may write the volume now: its
+/// access claim there exists.
+async fn source_in_use(plan: &Plan) -> CsiResult<bool> {
+    let found = crate::backends::member::pvc::get(&plan.from, &plan.access.namespace, &plan.access.pvc).await?;
+    Ok(found.is_some_and(|c| {
+        crate::backends::member::import::is_access_claim(&c, &plan.access, &plan.volume_id)
+    }))
+}
+
+/// The node of a pod using the access claim: a claim one node at a time
+/// may mount is read there.
+async fn node_of_users(c: &Cluster, access: &MemberVolume) -> CsiResult<Option<String>> {
+    let pods: Vec<Pod> = crate::backends::member::import::pods_using(c, access).await?;
+    Ok(pods
+        .into_iter()
+        .find_map(|p| p.spec.and_then(|s| s.node_name)))
+}
+
+/// A session with a mover through a port-forward of its member's API
+/// server. The forwarder is kept alive with the stream.
+async fn connect(
+    c: &Cluster,
+    ns: &str,
+    uuid: &str,
+    role: Role,
+    key: &[u8; KEY_LEN],
+    move_id: &str,
+) -> Result<(kube::api::Portforwarder, Channel<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>), String> {
+    let name = mover_pod::pod_name(uuid, role);
+    let pods = Api::<Pod>::namespaced(c.stream_client(), ns);
+    let what = format!("{}: port-forward to mover pod {ns}/{name}", c.label());
+    let mut last = String::new();
+    for _ in 0..10 {
+        let mut pf = match tokio::time::timeout(Duration::from_secs(10), pods.portforward(&name, &[PORT])).await {
+            Ok(Ok(pf)) => pf,
+            Ok(Err(e)) => {
+                last = format!("{what}: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(_) => {
+                last = format!("{what}: no answer in 10 s");
+                continue;
+            }
+        };
+        let Some(stream) = pf.take_stream(PORT) else {
+            return Err(format!("{what}: no stream for port {PORT}"));
+        };
+        match tokio::time::timeout(
+            Duration::from_secs(20),
+            Channel::open(stream, End::Controller, key, move_id, role.as_str()),
+        )
+        .await
+        {
+            Ok(Ok(ch)) => return Ok((pf, ch)),
+            Ok(Err(e)) => last = format!("{what}: {e}"),
+            Err(_) => last = format!("{what}: no handshake in 20 s"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    Err(last)
+}
+
+/// The host's VolumeAttachments of the volume's PV on nodes of member `to`
+/// get an annotation: the attacher takes the change as a reason to call
+/// ControllerPublishVolume now, not at its next back-off.
+async fn nudge_attacher(host: &Cluster, pv: &str, to: &str) {
+    let api = Api::<VolumeAttachment>::all(host.client());
+    let listed = host
+        .fetch("list VolumeAttachments", api.list(&Default::default()))
+        .await;
+    let Ok(Some(list)) = listed else { return };
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    for va in list.items {
+        let ours = va.spec.source.persistent_volume_name.as_deref() == Some(pv);
+        let attached = va.status.as_ref().is_some_and(|s| s.attached);
+        let Some(name) = va.metadata.name.clone().filter(|_| ours && !attached) else {
+            continue;
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {MOVED_ANNOTATION: format!("{to}@{stamp}")}}});
+        let _ = host
+            .run(
+                &format!("annotate VolumeAttachment {name}"),
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await;
+    }
+}
+
+/// Set on a VolumeAttachment when the volume's copy to its node's member
+/// verified: `member@unix-seconds`.
+pub const MOVED_ANNOTATION: &str = "relay.csi.dev/moved";
+
+/// The old member's data claim once the volume served in its new member.
+pub fn old_data_claim(data: &MemberVolume, from: &str) -> MemberVolume {
+    MemberVolume {
+        member: from.to_string(),
+        ..data.clone()
+    }
+}
+
+/// Whether a pod ran on the volume in `to` (its access claim has a
+/// running user there).
+pub async fn served_in(to: &Cluster, access: &MemberVolume) -> CsiResult<bool> {
+    let pods = crate::backends::member::import::pods_using(to, access).await?;
+    Ok(pods.iter().any(|p| {
+        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    }))
+}
