@@ -135,9 +135,10 @@ pub fn pv_manifest(
             type_: Some("Directory".into()),
         })
     };
-    if from == to {
-        // An access claim of the member that holds the data: the source
-        // as it is, where it is (a local PV keeps its node).
+    if from == to && sharing.moves() {
+        // The access claim of a movable volume in the member that holds
+        // its data: the source as it is, where it is (a local PV keeps
+        // its node); nothing else reaches it.
         imported.node_affinity = spec.node_affinity.clone();
         imported.csi = spec.csi.clone();
         imported.nfs = spec.nfs.clone();
