@@ -157,7 +157,11 @@ pub struct ServeArgs {
     /// this release of csi-relay, as the members pull it. Without it such
     /// volumes stay in the member that made them, and a pod of theirs on
     /// another member is refused, saying so.
-    #[arg(long = "mover-image", env = "CSI_RELAY_MOVER_IMAGE", value_name = "IMAGE")]
+    #[arg(
+        long = "mover-image",
+        env = "CSI_RELAY_MOVER_IMAGE",
+        value_name = "IMAGE"
+    )]
     pub mover_image: Option<String>,
 
     /// A member declared lost (--lost-member NAME) that may come back, and

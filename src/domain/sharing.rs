@@ -110,15 +110,22 @@ impl Sharing {
             return Err("movableBetween and sharedWith/sharedPaths exclude each other: members either share the storage or the data moves between them".into());
         }
         if list.len() > MAX_LIST {
-            return Err(format!("movableBetween is {} bytes long, more than {MAX_LIST}", list.len()));
+            return Err(format!(
+                "movableBetween is {} bytes long, more than {MAX_LIST}",
+                list.len()
+            ));
         }
         let mut classes = BTreeMap::new();
         for pair in list.split(',').map(str::trim) {
             let Some((m, c)) = pair.split_once('=').map(|(m, c)| (m.trim(), c.trim())) else {
-                return Err(format!("movableBetween entry {pair:?} is not member=storageclass"));
+                return Err(format!(
+                    "movableBetween entry {pair:?} is not member=storageclass"
+                ));
             };
             if m.is_empty() || c.is_empty() {
-                return Err(format!("movableBetween entry {pair:?} has an empty member or class name"));
+                return Err(format!(
+                    "movableBetween entry {pair:?} has an empty member or class name"
+                ));
             }
             if classes.insert(m.to_string(), c.to_string()).is_some() {
                 return Err(format!("movableBetween {list:?} names member {m:?} twice"));
@@ -128,7 +135,10 @@ impl Sharing {
             return Err(format!("movableBetween {list:?} names fewer than two members: a volume moves between two or more"));
         }
         if params.member_storage_class.is_some() {
-            return Err("memberStorageClass is set with movableBetween, which names each member's class".into());
+            return Err(
+                "memberStorageClass is set with movableBetween, which names each member's class"
+                    .into(),
+            );
         }
         Ok(Sharing {
             members: classes.keys().cloned().collect(),
@@ -238,8 +248,13 @@ mod tests {
             shared_with: Some("east,west".into()),
             ..p("east=a,west=b")
         };
-        assert!(Sharing::of(&both).unwrap_err().contains("exclude each other"));
-        assert!(!Sharing::of(&params(Some("east,west"), None)).unwrap().unwrap().moves());
+        assert!(Sharing::of(&both)
+            .unwrap_err()
+            .contains("exclude each other"));
+        assert!(!Sharing::of(&params(Some("east,west"), None))
+            .unwrap()
+            .unwrap()
+            .moves());
     }
 
     #[test]

@@ -144,12 +144,18 @@ fn build() -> Result<Metrics, prometheus::Error> {
         &["from", "to"],
     )?;
     let move_passes = IntCounterVec::new(
-        Opts::new("move_passes_total", "Copy passes of volume moves, by source and target member"),
+        Opts::new(
+            "move_passes_total",
+            "Copy passes of volume moves, by source and target member",
+        ),
         &["from", "to"],
     )?;
     let move_seconds = HistogramVec::new(
-        HistogramOpts::new("move_pass_duration_seconds", "How long a copy pass of a volume move took")
-            .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0]),
+        HistogramOpts::new(
+            "move_pass_duration_seconds",
+            "How long a copy pass of a volume move took",
+        )
+        .buckets(vec![0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0]),
         &["from", "to"],
     )?;
     let move_failures = IntCounterVec::new(
@@ -253,7 +259,9 @@ pub fn move_pass(from: &str, to: &str, bytes: u64, seconds: f64) {
     if let Some(m) = metrics() {
         m.move_bytes.with_label_values(&[from, to]).inc_by(bytes);
         m.move_passes.with_label_values(&[from, to]).inc();
-        m.move_seconds.with_label_values(&[from, to]).observe(seconds);
+        m.move_seconds
+            .with_label_values(&[from, to])
+            .observe(seconds);
     }
 }
 

@@ -562,7 +562,11 @@ impl Backend for MemberBackend {
                 .map_err(|why| CsiError::invalid("parameters", why))?;
         }
         if let Some(sharing) = sharing_of(params)? {
-            let key = if sharing.moves() { "movableBetween" } else { "sharedWith" };
+            let key = if sharing.moves() {
+                "movableBetween"
+            } else {
+                "sharedWith"
+            };
             if let Some(m) = sharing.members().find(|m| !self.members.contains_key(*m)) {
                 return Err(CsiError::invalid(
                     "parameters",
@@ -1165,7 +1169,9 @@ impl Backend for MemberBackend {
             ))
         })?;
         let mut described = match sharing {
-            Some(s) if !s.moves() => MemberSource::from_shared_pv(&at.member, &pv, place.member_node.as_deref())?,
+            Some(s) if !s.moves() => {
+                MemberSource::from_shared_pv(&at.member, &pv, place.member_node.as_deref())?
+            }
             _ => MemberSource::from_pv(&at.member, &pv, place.member_node.as_deref())?,
         };
         described.to_context()?; // fits, before anything is created for it

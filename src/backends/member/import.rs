@@ -150,7 +150,8 @@ pub fn pv_manifest(
             && imported.local.is_none()
         {
             return Err(refuse(
-                "has a source csi-relay cannot import (supported: csi, nfs, hostPath, local)".into(),
+                "has a source csi-relay cannot import (supported: csi, nfs, hostPath, local)"
+                    .into(),
             ));
         }
     } else if let Some(csi) = &spec.csi {

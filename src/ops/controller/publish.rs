@@ -63,7 +63,8 @@ pub async fn publish(
             moved
         }
         Err(e) => {
-            d.note_failure(&attached, "ControllerPublishVolume", &e).await;
+            d.note_failure(&attached, "ControllerPublishVolume", &e)
+                .await;
             return Err(e);
         }
     };

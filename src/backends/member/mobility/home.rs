@@ -17,7 +17,11 @@ const SERVED_WAIT: Duration = Duration::from_secs(900);
 
 /// The parameters of the volume's claim in `member`: its class from
 /// `movableBetween`.
-pub(super) fn params_in(params: &VolumeParams, sharing: Option<&Sharing>, member: &str) -> VolumeParams {
+pub(super) fn params_in(
+    params: &VolumeParams,
+    sharing: Option<&Sharing>,
+    member: &str,
+) -> VolumeParams {
     let mut p = params.clone();
     if let Some(class) = sharing.and_then(|s| s.class_in(member)) {
         p.member_storage_class = Some(class.to_string());
@@ -66,7 +70,10 @@ impl MemberBackend {
         let plan = self.move_plan(vol, &params, &sharing, &home, &access, &here, image)?;
         // Held in another member: refused, but the copy starts, so that the
         // pass after the holder let go sends only what changed since.
-        if let Err(held) = self.held_for_move(vol, &access, &sharing, &here, node_id).await {
+        if let Err(held) = self
+            .held_for_move(vol, &access, &sharing, &here, node_id)
+            .await
+        {
             self.moves.ensure(plan);
             return Err(held);
         }
@@ -84,7 +91,8 @@ impl MemberBackend {
                 )));
             }
             // The wait let other calls in: what held it is asked again.
-            self.held_for_move(vol, &access, &sharing, &here, node_id).await?;
+            self.held_for_move(vol, &access, &sharing, &here, node_id)
+                .await?;
         }
         let seconds = self.moves.finish(&vol.id).unwrap_or_default();
         tracing::info!(volume_id = %vol.id, from = %home.member, to = %here, seconds, "move verified: the volume's home is now its new member");
@@ -144,7 +152,10 @@ impl MemberBackend {
             access: access.clone(),
             target_claim: claim,
             image,
-            block: vol.capabilities.iter().any(|c| c.access == crate::domain::capability::AccessType::Block),
+            block: vol
+                .capabilities
+                .iter()
+                .any(|c| c.access == crate::domain::capability::AccessType::Block),
             host,
         })
     }
@@ -160,18 +171,34 @@ impl MemberBackend {
         here: &str,
         node_id: &str,
     ) -> CsiResult<()> {
-        self.held_by_another(vol, access, sharing, here, node_id, true).await
+        self.held_by_another(vol, access, sharing, here, node_id, true)
+            .await
     }
 
     /// After the switch: the movers go; the old member's data claim goes
     /// once a pod ran on the new copy (`movedDataRetention: delete`), unless
     /// the volume is on its way back there.
-    fn after_move(&self, vol: &Volume, home: &MemberVolume, access: &MemberVolume, here: &str, retention: Retention) {
+    fn after_move(
+        &self,
+        vol: &Volume,
+        home: &MemberVolume,
+        access: &MemberVolume,
+        here: &str,
+        retention: Retention,
+    ) {
         let (Ok(from), Ok(to)) = (self.cluster(&home.member), self.cluster(here)) else {
             return;
         };
         let (from, to) = (from.clone(), to.clone());
-        let (old, access, id, uuid) = (home.clone(), MemberVolume { member: here.to_string(), ..access.clone() }, vol.id.clone(), home.uuid.clone());
+        let (old, access, id, uuid) = (
+            home.clone(),
+            MemberVolume {
+                member: here.to_string(),
+                ..access.clone()
+            },
+            vol.id.clone(),
+            home.uuid.clone(),
+        );
         let moves = self.moves.clone();
         tokio::spawn(async move {
             for c in [&from, &to] {
@@ -189,8 +216,12 @@ impl MemberBackend {
                         return; // moving again: the old copy is its target
                     }
                     match pvc::delete(&from, &old, &id).await {
-                        Ok(()) => tracing::info!(volume_id = %id, member = %from.name(), claim = %old.pvc_path(), "move: the old member's claim deleted; a pod ran on the new copy"),
-                        Err(e) => tracing::warn!(volume_id = %id, error = %e, "move: the old member's claim left (DeleteVolume removes it)"),
+                        Ok(()) => {
+                            tracing::info!(volume_id = %id, member = %from.name(), claim = %old.pvc_path(), "move: the old member's claim deleted; a pod ran on the new copy")
+                        }
+                        Err(e) => {
+                            tracing::warn!(volume_id = %id, error = %e, "move: the old member's claim left (DeleteVolume removes it)")
+                        }
                     }
                     return;
                 }
@@ -202,13 +233,21 @@ impl MemberBackend {
     /// DeleteVolume of a movable volume: every member's movers, and the
     /// data claims a move left outside the volume's home (an old copy, a
     /// target never switched to).
-    pub(super) async fn delete_moved(&self, vol: &Volume, sharing: &Sharing, home: &MemberVolume) -> CsiResult<()> {
+    pub(super) async fn delete_moved(
+        &self,
+        vol: &Volume,
+        sharing: &Sharing,
+        home: &MemberVolume,
+    ) -> CsiResult<()> {
         self.moves.finish(&vol.id);
         for member in sharing.members().filter(|m| !self.is_lost(m)) {
             let c = self.cluster(member)?;
             mover_pod::remove_all(c, &home.uuid, &home.namespace).await?;
             if member != home.member {
-                let left = MemberVolume { member: member.to_string(), ..home.clone() };
+                let left = MemberVolume {
+                    member: member.to_string(),
+                    ..home.clone()
+                };
                 pvc::delete(c, &left, &vol.id).await?;
             }
         }

@@ -8,9 +8,9 @@
 //! still runs leave the last one, after it stopped, little to send.
 
 pub mod channel;
+pub mod mover;
 pub mod mover_pod;
 pub mod moving;
-pub mod mover;
 pub mod pass;
 pub mod source;
 pub mod target;

@@ -106,7 +106,14 @@ pub fn pod_manifest(p: &PodPlan<'_>) -> Pod {
     let caps: &[&str] = if source {
         &["DAC_READ_SEARCH", "DAC_OVERRIDE"]
     } else {
-        &["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "MKNOD", "SETFCAP"]
+        &[
+            "CHOWN",
+            "DAC_OVERRIDE",
+            "FOWNER",
+            "FSETID",
+            "MKNOD",
+            "SETFCAP",
+        ]
     };
     Pod {
         metadata: ObjectMeta {
@@ -182,12 +189,19 @@ fn secret_manifest(uuid: &str, namespace: &str, key: &[u8; KEY_LEN]) -> Secret {
 }
 
 /// The key both members' Secrets hold, when they hold the same valid one.
-pub async fn shared_key(clusters: [&Cluster; 2], uuid: &str, namespace: &str) -> CsiResult<Option<[u8; KEY_LEN]>> {
+pub async fn shared_key(
+    clusters: [&Cluster; 2],
+    uuid: &str,
+    namespace: &str,
+) -> CsiResult<Option<[u8; KEY_LEN]>> {
     let mut keys = Vec::new();
     for c in clusters {
         let api = Api::<Secret>::namespaced(c.client(), namespace);
         let name = secret_name(uuid);
-        let Some(s) = c.fetch(&format!("get Secret {namespace}/{name}"), api.get(&name)).await? else {
+        let Some(s) = c
+            .fetch(&format!("get Secret {namespace}/{name}"), api.get(&name))
+            .await?
+        else {
             return Ok(None);
         };
         let text = s
@@ -203,12 +217,20 @@ pub async fn shared_key(clusters: [&Cluster; 2], uuid: &str, namespace: &str) ->
     Ok((keys.len() == 2 && keys[0] == keys[1]).then(|| keys[0]))
 }
 
-pub async fn create_secret(c: &Cluster, uuid: &str, namespace: &str, key: &[u8; KEY_LEN]) -> CsiResult<()> {
+pub async fn create_secret(
+    c: &Cluster,
+    uuid: &str,
+    namespace: &str,
+    key: &[u8; KEY_LEN],
+) -> CsiResult<()> {
     let api = Api::<Secret>::namespaced(c.client(), namespace);
     let name = secret_name(uuid);
     c.create(
         &format!("create Secret {namespace}/{name}"),
-        api.create(&PostParams::default(), &secret_manifest(uuid, namespace, key)),
+        api.create(
+            &PostParams::default(),
+            &secret_manifest(uuid, namespace, key),
+        ),
     )
     .await?;
     Ok(())
@@ -228,7 +250,10 @@ pub async fn create_pod(c: &Cluster, plan: &PodPlan<'_>) -> CsiResult<()> {
 
 pub async fn get_pod(c: &Cluster, namespace: &str, name: &str) -> CsiResult<Option<Pod>> {
     let api = Api::<Pod>::namespaced(c.client(), namespace);
-    Ok(c.fetch(&format!("get Pod {namespace}/{name}"), api.get(name)).await?)
+    Ok(
+        c.fetch(&format!("get Pod {namespace}/{name}"), api.get(name))
+            .await?,
+    )
 }
 
 /// Whether the pod is ours, Running, with its container ready to serve;
@@ -247,7 +272,10 @@ pub fn running(pod: &Pod, uuid: &str) -> Result<(), String> {
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     let started = status
         .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some())));
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        });
     if phase == "Running" && started {
         return Ok(());
     }
@@ -256,7 +284,13 @@ pub fn running(pod: &Pod, uuid: &str) -> Result<(), String> {
         .and_then(|c| c.first())
         .and_then(|c| c.state.as_ref())
         .and_then(|s| s.waiting.as_ref())
-        .map(|w| format!(" ({}: {})", w.reason.clone().unwrap_or_default(), w.message.clone().unwrap_or_default()))
+        .map(|w| {
+            format!(
+                " ({}: {})",
+                w.reason.clone().unwrap_or_default(),
+                w.message.clone().unwrap_or_default()
+            )
+        })
         .unwrap_or_default();
     Err(format!("is {phase}{waiting}"))
 }
@@ -275,8 +309,11 @@ pub async fn remove_all(c: &Cluster, uuid: &str, namespace: &str) -> CsiResult<(
             if running(&pod, uuid).is_err_and(|w| w.contains("not this volume's")) {
                 continue;
             }
-            c.remove(&format!("delete Pod {namespace}/{name}"), pods.delete(&name, &now))
-                .await?;
+            c.remove(
+                &format!("delete Pod {namespace}/{name}"),
+                pods.delete(&name, &now),
+            )
+            .await?;
         }
     }
     let secrets = Api::<Secret>::namespaced(c.client(), namespace);
@@ -291,7 +328,9 @@ pub async fn remove_all(c: &Cluster, uuid: &str, namespace: &str) -> CsiResult<(
         for role in [Role::Source, Role::Target] {
             left |= get_pod(c, namespace, &pod_name(uuid, role))
                 .await?
-                .is_some_and(|p| running(&p, uuid).is_ok() || p.metadata.deletion_timestamp.is_some());
+                .is_some_and(|p| {
+                    running(&p, uuid).is_ok() || p.metadata.deletion_timestamp.is_some()
+                });
         }
         if !left {
             return Ok(());
@@ -324,20 +363,39 @@ mod tests {
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.automount_service_account_token, Some(false));
         let c = &spec.containers[0];
-        assert!(c.volume_mounts.iter().flatten().all(|m| m.read_only == Some(true)));
+        assert!(c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .all(|m| m.read_only == Some(true)));
         let sc = c.security_context.as_ref().expect("sc");
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         let caps = sc.capabilities.as_ref().expect("caps");
         assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_string()][..]));
-        assert!(!caps.add.iter().flatten().any(|c| c == "SYS_ADMIN" || c == "CHOWN"));
+        assert!(!caps
+            .add
+            .iter()
+            .flatten()
+            .any(|c| c == "SYS_ADMIN" || c == "CHOWN"));
         assert_eq!(
-            spec.volumes.iter().flatten().find_map(|v| v.persistent_volume_claim.as_ref()).map(|c| (c.claim_name.as_str(), c.read_only)),
+            spec.volumes
+                .iter()
+                .flatten()
+                .find_map(|v| v.persistent_volume_claim.as_ref())
+                .map(|c| (c.claim_name.as_str(), c.read_only)),
             Some(("relay-0a1b", Some(true)))
         );
-        let target = pod_manifest(&PodPlan { role: Role::Target, block: true, ..plan });
+        let target = pod_manifest(&PodPlan {
+            role: Role::Target,
+            block: true,
+            ..plan
+        });
         let c = &target.spec.as_ref().expect("spec").containers[0];
         assert!(c.args.iter().flatten().any(|a| a == "--block"));
-        assert_eq!(c.volume_devices.as_ref().map(|d| d[0].device_path.as_str()), Some(DEVICE));
+        assert_eq!(
+            c.volume_devices.as_ref().map(|d| d[0].device_path.as_str()),
+            Some(DEVICE)
+        );
         assert_eq!(pod_name("0a1b", Role::Target), "relay-0a1b-mover-target");
         assert!(pod_name(&"f".repeat(32), Role::Source).len() <= 63);
     }

@@ -184,7 +184,11 @@ pub fn describe(s: &Status) -> String {
             "; last pass {:.1} s, {} sent, {}",
             last.seconds,
             mib(last.sent),
-            if last.verified { "verified" } else { "source changed during it" }
+            if last.verified {
+                "verified"
+            } else {
+                "source changed during it"
+            }
         ));
     }
     if let Some(e) = &s.error {
@@ -234,7 +238,9 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
             let key = channel::new_key();
             for c in [&plan.from, &plan.to] {
                 mover_pod::remove_all(c, &plan.uuid, ns).await.map_err(e)?;
-                mover_pod::create_secret(c, &plan.uuid, ns, &key).await.map_err(e)?;
+                mover_pod::create_secret(c, &plan.uuid, ns, &key)
+                    .await
+                    .map_err(e)?;
             }
             key
         }
@@ -284,7 +290,8 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         set(m, |s| s.error = Some(waiting.join("; ")));
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let (_sf, mut source) = connect(&plan.from, ns, &plan.uuid, Role::Source, &key, &move_id).await?;
+    let (_sf, mut source) =
+        connect(&plan.from, ns, &plan.uuid, Role::Source, &key, &move_id).await?;
     let (_tf, mut target) = connect(&plan.to, ns, &plan.uuid, Role::Target, &key, &move_id).await?;
     set(m, |s| {
         s.phase = "Copying";
@@ -326,7 +333,12 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
             }
             continue;
         }
-        tokio::time::sleep(if quiet { Duration::from_millis(200) } else { LIVE_PASS_PAUSE }).await;
+        tokio::time::sleep(if quiet {
+            Duration::from_millis(200)
+        } else {
+            LIVE_PASS_PAUSE
+        })
+        .await;
     }
 }
 
@@ -338,7 +350,8 @@ fn move_id(plan: &Plan) -> String {
 async fn ensure_target_claim(plan: &Plan) -> CsiResult<()> {
     let api = Api::<PersistentVolumeClaim>::namespaced(plan.to.client(), &plan.data.namespace);
     let path = plan.data.pvc_path();
-    let found = crate::backends::member::pvc::get(&plan.to, &plan.data.namespace, &plan.data.pvc).await?;
+    let found =
+        crate::backends::member::pvc::get(&plan.to, &plan.data.namespace, &plan.data.pvc).await?;
     match found {
         Some(c) if crate::backends::member::pvc::belongs_to(&c, &plan.volume_id) => Ok(()),
         Some(_) => Err(CsiError::FailedPrecondition(format!(
@@ -362,7 +375,9 @@ async fn ensure_target_claim(plan: &Plan) -> CsiResult<()> {
 /// Whether a pod in the source member may write the volume now: its
 /// access claim there exists.
 async fn source_in_use(plan: &Plan) -> CsiResult<bool> {
-    let found = crate::backends::member::pvc::get(&plan.from, &plan.access.namespace, &plan.access.pvc).await?;
+    let found =
+        crate::backends::member::pvc::get(&plan.from, &plan.access.namespace, &plan.access.pvc)
+            .await?;
     Ok(found.is_some_and(|c| {
         crate::backends::member::import::is_access_claim(&c, &plan.access, &plan.volume_id)
     }))
@@ -386,24 +401,33 @@ async fn connect(
     role: Role,
     key: &[u8; KEY_LEN],
     move_id: &str,
-) -> Result<(kube::api::Portforwarder, Channel<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>), String> {
+) -> Result<
+    (
+        kube::api::Portforwarder,
+        Channel<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>,
+    ),
+    String,
+> {
     let name = mover_pod::pod_name(uuid, role);
     let pods = Api::<Pod>::namespaced(c.stream_client(), ns);
     let what = format!("{}: port-forward to mover pod {ns}/{name}", c.label());
     let mut last = String::new();
     for _ in 0..10 {
-        let mut pf = match tokio::time::timeout(Duration::from_secs(10), pods.portforward(&name, &[PORT])).await {
-            Ok(Ok(pf)) => pf,
-            Ok(Err(e)) => {
-                last = format!("{what}: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-            Err(_) => {
-                last = format!("{what}: no answer in 10 s");
-                continue;
-            }
-        };
+        let mut pf =
+            match tokio::time::timeout(Duration::from_secs(10), pods.portforward(&name, &[PORT]))
+                .await
+            {
+                Ok(Ok(pf)) => pf,
+                Ok(Err(e)) => {
+                    last = format!("{what}: {e}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Err(_) => {
+                    last = format!("{what}: no answer in 10 s");
+                    continue;
+                }
+            };
         let Some(stream) = pf.take_stream(PORT) else {
             return Err(format!("{what}: no stream for port {PORT}"));
         };
@@ -467,7 +491,7 @@ pub fn old_data_claim(data: &MemberVolume, from: &str) -> MemberVolume {
 /// running user there).
 pub async fn served_in(to: &Cluster, access: &MemberVolume) -> CsiResult<bool> {
     let pods = crate::backends::member::import::pods_using(to, access).await?;
-    Ok(pods.iter().any(|p| {
-        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-    }))
+    Ok(pods
+        .iter()
+        .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
 }
