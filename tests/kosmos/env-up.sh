@@ -38,8 +38,12 @@ m2=$!
 # member1: a scheduler and a real kubelet node with hostpath; the fake
 # member-node-1 of the two-cluster env gets no scheduled pods (Kosmos clears a
 # mirrored pod's nodeName, the member scheduler places it).
+# The member API server reaches it on 127.0.0.1 (port-forward to the relay's
+# movers) with APISERVER_EXTRA's client cert.
 FAKE_NODES=member-node-1 FAKE_TAINT=$FAKE_TAINT DRIVER=$KL_DRIVER CLASS=$KL_CLASS \
+  KUBELET_CLIENT_CA=$(kubelet_client_ca "$E2E_HOME/run/member/pki/ca.crt" "$RUN/member1-kubelet-client-ca.crt") \
   "$E2E_ENV/storage-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT $SCHED_PORT "$RUN/lab" > "$RUN/logs/storage-node-up.log" 2>&1
+node_on_loopback "$MEMBER_KUBECONFIG" $KL_NODE
 ts "member1: scheduler, kubelet node $KL_NODE with $KL_DRIVER, class $KL_CLASS"
 
 wait $m2 || { tail -5 "$RUN/logs/spare-member-up-member2.log" >&2; false; }

@@ -27,6 +27,17 @@ km2() { kubectl --kubeconfig "$M2KC" "$@"; }
 mkdir -p "$S/logs"
 rc=0
 
+# ---- member2: its own class's volumes, torn down while its node and provisioner run
+if [[ -d $S/m2lab ]] && km2 get --raw /readyz > /dev/null 2>&1; then
+  own() { km2 get "$1" -A -o jsonpath='{range .items[?(@.spec.storageClassName=="m2-local-path")]}{.metadata.namespace}{"/"}{.metadata.name}{"\n"}{end}' 2>/dev/null; }
+  for c in $(own pvc); do km2 -n "${c%/*}" delete pvc "${c#*/}" --wait=false > /dev/null 2>&1; done
+  # shellcheck disable=SC2317 # called by waitfor
+  no_own_pvs() { [[ -z "$(own pv)" ]]; }
+  waitfor 60 "member2's PVs of class m2-local-path deleted" no_own_pvs || rc=1
+  km2 delete storageclass m2-local-path --ignore-not-found > /dev/null 2>&1
+  km2 delete namespace relay-m2-local --wait=false --ignore-not-found > /dev/null 2>&1
+fi
+
 # ---- member2: the kubelet node (drained first), its scheduler
 if [[ -d $S/m2lab ]]; then
   "$KL/kubelet-node-down.sh" "$S/m2lab" "$M2KC" $M2_KL_NODE > "$S/logs/kubelet-node-down.log" 2>&1 ||

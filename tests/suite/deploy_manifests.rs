@@ -114,6 +114,7 @@ fn the_member_components_parse_and_the_policy_is_one_for_both_api_versions() {
     for dir in [
         "member/node-secrets",
         "member/shared-storage",
+        "member/mobility",
         "member/admission",
         "member/admission-v1beta1",
     ] {

@@ -61,13 +61,13 @@ use e2e_support::demo_relay::{DemoRelay, Prerequisites};
 use e2e_support::frozen_member::FrozenMember;
 use e2e_support::{apply, client, eventually, pods, ScriptedEnv};
 
-const DRIVER: &str = "relay.csi.dev";
+pub(crate) const DRIVER: &str = "relay.csi.dev";
 const IMAGE: &str = "localhost/busybox:1.35";
-const WAIT: Duration = Duration::from_secs(180);
-const KOSMOS1: &str = "kosmos-member1";
-const KOSMOS2: &str = "kosmos-member2";
+pub(crate) const WAIT: Duration = Duration::from_secs(180);
+pub(crate) const KOSMOS1: &str = "kosmos-member1";
+pub(crate) const KOSMOS2: &str = "kosmos-member2";
 /// tests/kosmos/settings.sh, shared-up.sh.
-const HOST_NODE: &str = "demo-kl-1";
+pub(crate) const HOST_NODE: &str = "demo-kl-1";
 const MEMBER1_NODE: &str = "member-kl-1";
 const MEMBER2_NODE: &str = "member2-kl-1";
 const MEMBER_CLASS: &str = "shared-local-path";
@@ -95,14 +95,14 @@ impl Drop for SharedStorage<'_> {
     }
 }
 
-struct Ctx {
-    host: Client,
-    member1: Client,
-    member2: Client,
-    tag: String,
+pub(crate) struct Ctx {
+    pub(crate) host: Client,
+    pub(crate) member1: Client,
+    pub(crate) member2: Client,
+    pub(crate) tag: String,
 }
 
-fn seconds(d: Duration) -> String {
+pub(crate) fn seconds(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64())
 }
 
@@ -151,20 +151,25 @@ fn writer(name: &str, node: &str, mine: &str, theirs: &str) -> Value {
 
 const APP: &str = "app=global";
 
-async fn file_says(path: &Path, want: &str) {
+pub(crate) async fn file_says(path: &Path, want: &str) {
     pods::file_says(path, want, WAIT).await
 }
 
 impl Ctx {
-    async fn running_pods(cluster: &Client, ns: &str) -> Vec<String> {
+    pub(crate) async fn running_pods(cluster: &Client, ns: &str) -> Vec<String> {
         pods::running(cluster, ns, APP).await
     }
 
-    async fn pod_running(&self, cluster: &Client, ns: &str, not: Option<&str>) -> String {
+    pub(crate) async fn pod_running(
+        &self,
+        cluster: &Client,
+        ns: &str,
+        not: Option<&str>,
+    ) -> String {
         pods::one_running(cluster, ns, APP, not, WAIT).await
     }
 
-    async fn pods_gone(cluster: &Client, ns: &str) {
+    pub(crate) async fn pods_gone(cluster: &Client, ns: &str) {
         pods::none_left(cluster, ns, APP, WAIT).await
     }
 
@@ -172,7 +177,12 @@ impl Ctx {
     /// (the attach/detach controller's Multi-Attach refusal, or the
     /// relay's answer): the first such event whose message `says`. Others
     /// may come first (ABORTED while another call on the volume runs).
-    async fn attach_refusal(&self, ns: &str, pod: &str, says: impl Fn(&str) -> bool) -> String {
+    pub(crate) async fn attach_refusal(
+        &self,
+        ns: &str,
+        pod: &str,
+        says: impl Fn(&str) -> bool,
+    ) -> String {
         let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(self.host.clone(), ns);
         eventually(&format!("{ns}: why {pod} waits"), WAIT, || async {
             let list = events.list(&ListParams::default()).await.ok()?;
@@ -187,18 +197,18 @@ impl Ctx {
         .await
     }
 
-    async fn detached(&self, ns: &str, node: &str) {
+    pub(crate) async fn detached(&self, ns: &str, node: &str) {
         let pv = pods::host_pv(&self.host, ns, "data").await;
         pods::detached(&self.host, &pv, node, WAIT).await
     }
 
-    async fn namespace(&self, name: &str) -> String {
+    pub(crate) async fn namespace(&self, name: &str) -> String {
         let ns = format!("{name}-{}", self.tag);
         e2e_support::admitting_namespace(&self.host, &ns).await;
         ns
     }
 
-    async fn claim(&self, ns: &str, class: &str, mode: &str) {
+    pub(crate) async fn claim(&self, ns: &str, class: &str, mode: &str) {
         let pvc = json!({"metadata": {"name": "data"},
             "spec": {"accessModes": [mode], "storageClassName": class,
                      "resources": {"requests": {"storage": "16Mi"}}}});
@@ -216,7 +226,7 @@ impl Ctx {
     /// single-writer volume (`relay-<uuid>`, which no pod uses) or its
     /// access claim, or a ReadWriteMany volume's claim under the host
     /// claim's name; all name the same directory.
-    async fn origin_dir(&self, ns: &str) -> PathBuf {
+    pub(crate) async fn origin_dir(&self, ns: &str) -> PathBuf {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.member1.clone(), ns);
         let pvs: Api<PersistentVolume> = Api::all(self.member1.clone());
         let pv = eventually(&format!("member1's claim of {ns}/data Bound"), WAIT, || {
@@ -248,7 +258,7 @@ impl Ctx {
     }
 
     /// `deployment(node, token)` in `ns`.
-    async fn deploy(&self, ns: &str, node: &str, token: &str) {
+    pub(crate) async fn deploy(&self, ns: &str, node: &str, token: &str) {
         Api::<Deployment>::namespaced(self.host.clone(), ns)
             .create(
                 &PostParams::default(),
@@ -258,7 +268,7 @@ impl Ctx {
             .expect("create Deployment");
     }
 
-    async fn move_to(&self, ns: &str, node: &str) {
+    pub(crate) async fn move_to(&self, ns: &str, node: &str) {
         Api::<Deployment>::namespaced(self.host.clone(), ns)
             .patch(
                 "app",
@@ -270,7 +280,7 @@ impl Ctx {
             .expect("move the Deployment");
     }
 
-    async fn scale(&self, ns: &str, replicas: i32) {
+    pub(crate) async fn scale(&self, ns: &str, replicas: i32) {
         Api::<Deployment>::namespaced(self.host.clone(), ns)
             .patch(
                 "app",
@@ -283,7 +293,7 @@ impl Ctx {
 
     /// Kosmos leaves a virtual node's host pods to the host (no kubelet
     /// ends them): once their member pod is gone they are removed here.
-    async fn host_pods_gone(&self, ns: &str) {
+    pub(crate) async fn host_pods_gone(&self, ns: &str) {
         let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
         let now = DeleteParams {
             grace_period_seconds: Some(0),
@@ -298,7 +308,7 @@ impl Ctx {
     /// After a move off a Kosmos node: once the old pod's member pod is
     /// gone, its host pod (left Terminating: no kubelet ends it) is removed,
     /// so the Recreate strategy starts the new one.
-    async fn old_pod_released(&self, ns: &str, from: &Client) {
+    pub(crate) async fn old_pod_released(&self, ns: &str, from: &Client) {
         Self::pods_gone(from, ns).await;
         let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
         let now = DeleteParams {
@@ -319,7 +329,7 @@ impl Ctx {
 
     /// The runbook's step for a lost member's virtual node: its pods,
     /// which no kubelet will confirm, deleted without grace.
-    async fn force_delete_host_pods_on(&self, ns: &str, node: &str) {
+    pub(crate) async fn force_delete_host_pods_on(&self, ns: &str, node: &str) {
         let host_pods: Api<Pod> = Api::namespaced(self.host.clone(), ns);
         let now = DeleteParams {
             grace_period_seconds: Some(0),
@@ -339,7 +349,7 @@ impl Ctx {
     }
 
     /// The volume's import in member2: (PV, claim) as far as they exist.
-    async fn import_in_member2(&self, ns: &str) -> (Option<PersistentVolume>, bool) {
+    pub(crate) async fn import_in_member2(&self, ns: &str) -> (Option<PersistentVolume>, bool) {
         let pvs = Api::<PersistentVolume>::all(self.member2.clone())
             .list(&ListParams::default().labels(IMPORTED_FROM))
             .await
@@ -375,7 +385,7 @@ impl Ctx {
     /// A claim in member2 as Kosmos copies the host claim (its mark
     /// `kosmos.io/global`, the host's class, the host PV's name), carrying
     /// every label and annotation of the relay's claim in member1.
-    async fn plant_marked_copy(&self, ns: &str) {
+    pub(crate) async fn plant_marked_copy(&self, ns: &str) {
         let theirs = Api::<PersistentVolumeClaim>::namespaced(self.member1.clone(), ns)
             .get("data")
             .await
@@ -404,7 +414,7 @@ impl Ctx {
 
     /// Until the RelayVolume of `host_pvc` lists exactly these imports,
     /// each as `MEMBER STATE [NODES]`.
-    async fn relay_imports_are(&self, host_pvc: &str, want: &[&str]) {
+    pub(crate) async fn relay_imports_are(&self, host_pvc: &str, want: &[&str]) {
         eventually(
             &format!("the RelayVolume of {host_pvc} lists imports {want:?}"),
             WAIT,
@@ -430,7 +440,7 @@ impl Ctx {
         .await;
     }
 
-    async fn import_gone(&self, ns: &str) {
+    pub(crate) async fn import_gone(&self, ns: &str) {
         eventually(
             &format!("member2's import of {ns}/data gone"),
             WAIT,
@@ -445,7 +455,7 @@ impl Ctx {
     /// Deletes what runs in `ns` and the claim; waits until no cluster
     /// holds anything of it and the directory is gone from the storage,
     /// seen through both members' mounts.
-    async fn delete_and_check_nothing_left(&self, ns: &str, dirs: [PathBuf; 2]) {
+    pub(crate) async fn delete_and_check_nothing_left(&self, ns: &str, dirs: [PathBuf; 2]) {
         let _ = Api::<Deployment>::namespaced(self.host.clone(), ns)
             .delete("app", &DeleteParams::foreground())
             .await;
@@ -1049,6 +1059,10 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv) {
 
     let _ = classes.delete("global", &DeleteParams::default()).await;
     drop(relay);
+
+    // Volumes that move between members' own storage, in the same
+    // environment (member2's own class is shared-up.sh's too).
+    crate::mobility_e2e::run(pre, kosmos, &ctx).await;
 }
 
 /// Rounds of the race, all at once (each in a namespace of its own).
@@ -1261,7 +1275,7 @@ fn heartbeat(file: &Path) -> Option<u64> {
 }
 
 /// The containerd socket of the kubelet node in `lab` (its node.env).
-fn containerd_socket(lab: &Path) -> PathBuf {
+pub(crate) fn containerd_socket(lab: &Path) -> PathBuf {
     let env = std::fs::read_to_string(lab.join("node.env")).expect("the kubelet node's node.env");
     env.lines()
         .find_map(|l| l.strip_prefix("export KL_CONTAINERD_SOCK="))

@@ -253,7 +253,7 @@ fn with_default_values_each_chart_renders_the_kustomize_base() {
     };
     let base = kustomize_less_release_namespace(&kubectl, &repo("deploy"));
     assert!(base.len() >= 15, "{} objects", base.len());
-    let member_cases: [(&[&str], &[&str]); 5] = [
+    let member_cases: [(&[&str], &[&str]); 6] = [
         (&[], &["admission"]),
         (&["--set", "admission=v1beta1"], &["admission-v1beta1"]),
         (&["--set", "admission=none"], &[]),
@@ -264,6 +264,10 @@ fn with_default_values_each_chart_renders_the_kustomize_base() {
         (
             &["--set", "sharedStorage.enabled=true"],
             &["admission", "shared-storage"],
+        ),
+        (
+            &["--set", "mobility.enabled=true"],
+            &["admission", "mobility"],
         ),
     ];
     for helm in [&helm4, &helm3] {
@@ -370,7 +374,7 @@ fn the_release_namespace_holds_the_controller_and_node_namespace_the_node_plugin
         // admission policy holds that identity, whichever API version.
         for admission in ["v1", "v1beta1"] {
             let set = format!(
-                "admission={admission},nodeSecrets.enabled=true,sharedStorage.enabled=true"
+                "admission={admission},nodeSecrets.enabled=true,sharedStorage.enabled=true,mobility.enabled=true"
             );
             let m = objects(
                 &helm_template(

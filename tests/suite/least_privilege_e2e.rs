@@ -526,6 +526,8 @@ async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
         .await
         .expect("the relay creates a marked namespace (createMemberNamespace)");
 
+    movers_are_held_to_their_shape(&admin, &relay, &ns).await;
+
     // The user's objects are all there.
     for name in ["users-own", "kosmos-copy-bound"] {
         assert!(
@@ -542,6 +544,130 @@ async fn the_member_admission_policy_keeps_the_relay_to_its_own_objects() {
     let _ = pvs_admin.delete(&users_pv, &dp).await;
     let _ = namespaces.delete(&made, &dp).await;
     let _ = namespaces.delete(&ns, &dp).await;
+}
+
+/// The mobility component's pods and Secrets (deploy/member/mobility/): the
+/// relay's own mover manifests are allowed; anything else a stolen
+/// credential would make (another claim mounted, a host path, privilege,
+/// a pod without the mover's mark, a Secret of someone else's) is refused.
+async fn movers_are_held_to_their_shape(admin: &Client, relay: &Client, ns: &str) {
+    use csi_relay::backends::member::mobility::mover::Role;
+    use csi_relay::backends::member::mobility::mover_pod::{self, PodPlan};
+    use k8s_openapi::api::core::v1::{Pod, Secret};
+    let pp = PostParams::default();
+    let dp = DeleteParams::default();
+    let pods: Api<Pod> = Api::namespaced(relay.clone(), ns);
+    let secrets: Api<Secret> = Api::namespaced(relay.clone(), ns);
+    let uuid = "0123456789abcdef0123456789abcdef";
+    let plan = PodPlan {
+        uuid,
+        move_id: "least-privilege",
+        namespace: ns,
+        claim: &format!("relay-{uuid}"),
+        role: Role::Target,
+        image: "csi-relay:least-privilege",
+        block: false,
+        node: None,
+    };
+    let mover = mover_pod::pod_manifest(&plan);
+    let with = |f: &dyn Fn(&mut serde_json::Value)| -> Pod {
+        let mut v = serde_json::to_value(&mover).expect("pod json");
+        f(&mut v);
+        serde_json::from_value(v).expect("pod")
+    };
+    let cases: [(&str, Pod); 7] = [
+        (
+            "create a pod without the mover's label",
+            with(&|v| {
+                v["metadata"]["labels"]
+                    .as_object_mut()
+                    .map(|l| l.remove("relay.csi.dev/mover"));
+            }),
+        ),
+        (
+            "create a mover that mounts a user's claim",
+            with(&|v| {
+                v["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] = json!("users-own")
+            }),
+        ),
+        (
+            "create a mover that mounts a host path",
+            with(&|v| v["spec"]["volumes"][0] = json!({"name": "data", "hostPath": {"path": "/"}})),
+        ),
+        (
+            "create a privileged mover",
+            with(&|v| v["spec"]["containers"][0]["securityContext"]["privileged"] = json!(true)),
+        ),
+        (
+            "create a mover with CAP_SYS_ADMIN",
+            with(&|v| {
+                v["spec"]["containers"][0]["securityContext"]["capabilities"]["add"] =
+                    json!(["SYS_ADMIN"])
+            }),
+        ),
+        (
+            "create a mover in the host's network",
+            with(&|v| v["spec"]["hostNetwork"] = json!(true)),
+        ),
+        (
+            "create a mover holding a service account token",
+            with(&|v| v["spec"]["automountServiceAccountToken"] = json!(true)),
+        ),
+    ];
+    for (what, pod) in cases {
+        refused(what, pods.create(&pp, &pod).await);
+    }
+    let key = [7u8; 32];
+    let mut unmarked = mover_pod::secret_manifest(uuid, ns, &key);
+    unmarked.metadata.labels = None;
+    refused(
+        "create a Secret without the relay's mark",
+        secrets.create(&pp, &unmarked).await,
+    );
+    let users: Api<Secret> = Api::namespaced(admin.clone(), ns);
+    users
+        .create(
+            &pp,
+            &serde_json::from_value(
+                json!({"metadata": {"name": "users-secret"}, "stringData": {"a": "b"}}),
+            )
+            .expect("secret"),
+        )
+        .await
+        .expect("a user's Secret");
+    refused(
+        "delete a user's Secret",
+        secrets.delete("users-secret", &dp).await,
+    );
+    match secrets.get("users-secret").await {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("read a user's Secret: want RBAC's 403, got {other:?}"),
+    }
+    // What the relay really makes, and deletes.
+    secrets
+        .create(&pp, &mover_pod::secret_manifest(uuid, ns, &key))
+        .await
+        .expect("the relay creates its mover's Secret");
+    for role in [Role::Source, Role::Target] {
+        let pod = mover_pod::pod_manifest(&PodPlan {
+            role,
+            ..plan.clone()
+        });
+        pods.create(&pp, &pod)
+            .await
+            .unwrap_or_else(|e| panic!("the relay creates its {} mover: {e}", role.as_str()));
+        pods.delete(&mover_pod::pod_name(uuid, role), &dp)
+            .await
+            .expect("the relay deletes its mover");
+    }
+    secrets
+        .delete(&mover_pod::secret_name(uuid), &dp)
+        .await
+        .expect("the relay deletes its mover's Secret");
+    assert!(
+        users.get_opt("users-secret").await.expect("get").is_some(),
+        "the user's Secret is gone"
+    );
 }
 
 /// `allowedMemberNamespaces`: a claim whose member namespace the class does

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
 
-use super::channel::{self, KEY_LEN};
+use super::channel::KEY_LEN;
 use super::mover::{Role, PORT};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
@@ -50,6 +50,7 @@ fn labels(uuid: &str, role: Option<Role>) -> BTreeMap<String, String> {
 }
 
 /// What a mover pod needs to be made.
+#[derive(Clone)]
 pub struct PodPlan<'a> {
     pub uuid: &'a str,
     pub move_id: &'a str,
@@ -102,9 +103,11 @@ pub fn pod_manifest(p: &PodPlan<'_>) -> Pod {
         ..Default::default()
     });
     // Reading every file (source) or setting owners, modes, set-id bits,
-    // devices and file capabilities (target) as the source had them.
+    // devices and file capabilities (target) as the source had them. All
+    // are in Pod Security's baseline list, and the member's admission
+    // policy holds the relay's pods to that list (deploy/member/mobility/).
     let caps: &[&str] = if source {
-        &["DAC_READ_SEARCH", "DAC_OVERRIDE"]
+        &["DAC_OVERRIDE"]
     } else {
         &[
             "CHOWN",
@@ -174,7 +177,7 @@ pub fn pod_manifest(p: &PodPlan<'_>) -> Pod {
     }
 }
 
-fn secret_manifest(uuid: &str, namespace: &str, key: &[u8; KEY_LEN]) -> Secret {
+pub fn secret_manifest(uuid: &str, namespace: &str, key: &[u8; KEY_LEN]) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(secret_name(uuid)),
@@ -186,35 +189,6 @@ fn secret_manifest(uuid: &str, namespace: &str, key: &[u8; KEY_LEN]) -> Secret {
         type_: Some("Opaque".into()),
         ..Default::default()
     }
-}
-
-/// The key both members' Secrets hold, when they hold the same valid one.
-pub async fn shared_key(
-    clusters: [&Cluster; 2],
-    uuid: &str,
-    namespace: &str,
-) -> CsiResult<Option<[u8; KEY_LEN]>> {
-    let mut keys = Vec::new();
-    for c in clusters {
-        let api = Api::<Secret>::namespaced(c.client(), namespace);
-        let name = secret_name(uuid);
-        let Some(s) = c
-            .fetch(&format!("get Secret {namespace}/{name}"), api.get(&name))
-            .await?
-        else {
-            return Ok(None);
-        };
-        let text = s
-            .data
-            .as_ref()
-            .and_then(|d| d.get(KEY_FILE))
-            .and_then(|b| String::from_utf8(b.0.clone()).ok());
-        match text.map(|t| channel::key_from_hex(&t)) {
-            Some(Ok(k)) => keys.push(k),
-            _ => return Ok(None),
-        }
-    }
-    Ok((keys.len() == 2 && keys[0] == keys[1]).then(|| keys[0]))
 }
 
 pub async fn create_secret(

@@ -75,6 +75,8 @@ struct Move {
     status: Mutex<Status>,
     epoch: AtomicU64,
     verified: Notify,
+    /// The movers' key, once this process made their Secrets.
+    key: Mutex<Option<[u8; KEY_LEN]>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     started: Instant,
 }
@@ -112,6 +114,7 @@ impl Moves {
             }),
             epoch: AtomicU64::new(0),
             verified: Notify::new(),
+            key: Mutex::new(None),
             task: Mutex::new(None),
             started: Instant::now(),
         });
@@ -229,11 +232,21 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
     let ns = &plan.data.namespace;
     let e = |e: CsiError| e.to_string();
     ensure_target_claim(plan).await.map_err(e)?;
-    let key = match mover_pod::shared_key([&plan.from, &plan.to], &plan.uuid, ns)
-        .await
-        .map_err(e)?
-    {
-        Some(k) => k,
+    // The key lives in this process only: the relay may create and delete
+    // its Secrets but never read one back, so a new controller (or a move
+    // restarted after a failed attempt that lost it) starts over with a
+    // new key, new Secrets and new movers; the next pass still sends only
+    // what the target lacks.
+    let known = *lock(&m.key);
+    let key = match known {
+        Some(k) => {
+            for c in [&plan.from, &plan.to] {
+                mover_pod::create_secret(c, &plan.uuid, ns, &k)
+                    .await
+                    .map_err(e)?;
+            }
+            k
+        }
         None => {
             let key = channel::new_key();
             for c in [&plan.from, &plan.to] {
@@ -242,6 +255,7 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
                     .await
                     .map_err(e)?;
             }
+            *lock(&m.key) = Some(key);
             key
         }
     };
