@@ -828,5 +828,8 @@ async fn an_import_replaces_a_kosmos_copy_that_inherited_the_relays_marks() {
 #[path = "backend_access_tests.rs"]
 mod gated;
 
+#[path = "mobility/home_tests.rs"]
+mod moves;
+
 #[path = "backend_crash_tests.rs"]
 mod crash;

@@ -509,3 +509,100 @@ pub async fn served_in(to: &Cluster, access: &MemberVolume) -> CsiResult<bool> {
         .iter()
         .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A move to `to` whose task is not running: what `ensure` registers,
+    /// without the copy.
+    fn registered(moves: &Moves, volume: &str, to: &str) -> Arc<Move> {
+        let m = Arc::new(Move {
+            to: to.into(),
+            status: Mutex::new(Status::default()),
+            epoch: AtomicU64::new(0),
+            verified: Notify::new(),
+            key: Mutex::new(None),
+            task: Mutex::new(None),
+            started: Instant::now(),
+        });
+        lock(&moves.map).insert(volume.into(), m.clone());
+        m
+    }
+
+    /// What a pass that began at `epoch` and verified records.
+    fn verified_at(m: &Move, epoch: u64) {
+        lock(&m.status).verified = Some(epoch);
+        m.verified.notify_waiters();
+    }
+
+    #[test]
+    fn a_verified_pass_serves_only_its_target_and_only_until_a_publish_at_the_source() {
+        let moves = Moves::default();
+        let m = registered(&moves, "vol-1", "west");
+        assert!(!moves.verified("vol-1", "west"), "nothing verified yet");
+        verified_at(&m, 0);
+        assert!(moves.verified("vol-1", "west"));
+        assert!(!moves.verified("vol-1", "north"), "another member's move");
+        assert!(!moves.verified("vol-2", "west"), "another volume");
+        // A publish in the old member: the pass no longer serves, nor does
+        // one that began before it and reports after.
+        moves.interrupt("vol-1");
+        assert!(!moves.verified("vol-1", "west"));
+        verified_at(&m, 0);
+        assert!(!moves.verified("vol-1", "west"), "a pass of the old epoch");
+        verified_at(&m, 1);
+        assert!(moves.verified("vol-1", "west"), "a pass begun after it");
+        assert!(moves.finish("vol-1").is_some());
+        assert!(!moves.verified("vol-1", "west"), "finished");
+        assert!(moves.finish("vol-1").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_publish_waits_for_a_pass_about_to_verify_and_not_longer() {
+        let moves = Arc::new(Moves::default());
+        let m = registered(&moves, "vol-1", "west");
+        let waiting = {
+            let moves = moves.clone();
+            tokio::spawn(async move {
+                moves
+                    .wait_verified("vol-1", "west", Duration::from_secs(20))
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        verified_at(&m, 0);
+        assert!(waiting.await.unwrap(), "woken by the pass");
+        moves.interrupt("vol-1");
+        let t = tokio::time::Instant::now();
+        assert!(
+            !moves
+                .wait_verified("vol-1", "west", Duration::from_secs(20))
+                .await
+        );
+        assert_eq!(t.elapsed(), Duration::from_secs(20));
+        assert!(
+            !moves
+                .wait_verified("vol-2", "west", Duration::from_secs(20))
+                .await,
+            "no move of that volume"
+        );
+    }
+
+    #[test]
+    fn the_progress_reads_as_a_person_would() {
+        let s = Status {
+            phase: "Copying",
+            passes: 2,
+            done: 300 << 20,
+            total: 1 << 30,
+            sent: 12 << 20,
+            error: Some("member2: mover pod x is Pending".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            describe(&s),
+            "Copying: pass 2, 300.0 MiB of 1024.0 MiB read, 12.0 MiB sent; last error: member2: mover pod x is Pending"
+        );
+    }
+}

@@ -1,0 +1,143 @@
+//! The decisions of a move (`home`), against scripted API servers: a node
+//! of the volume's own member needs none, and a move that cannot run is
+//! refused before anything is made in either member.
+
+use super::*;
+
+fn movable_volume(b: &MemberBackend) -> Volume {
+    let parameters: BTreeMap<String, String> = [
+        ("memberNamespace", "relay"),
+        ("movableBetween", "east=fast,west=slow"),
+        ("csi.storage.k8s.io/pvc/name", "data"),
+        ("csi.storage.k8s.io/pvc/namespace", "shop"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let map: HashMap<String, String> = parameters.clone().into_iter().collect();
+    let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
+    let req = csi::TopologyRequirement {
+        requisite: vec![],
+        preferred: vec![csi::Topology {
+            segments: [(TOPOLOGY_MEMBER_KEY.to_string(), "east".to_string())].into(),
+        }],
+    };
+    let mode = cap(AccessMode::SingleNodeWriter);
+    let placed = b
+        .place("pvc-78", &typed, &[mode.clone()], Some(&req), None)
+        .unwrap();
+    Volume {
+        id: placed.id,
+        name: "pvc-78".into(),
+        capacity_bytes: 1 << 30,
+        backing: placed.backing,
+        capabilities: vec![mode],
+        parameters,
+        mutable_parameters: BTreeMap::new(),
+        source: None,
+        topology: placed.topology,
+        context: placed.context,
+        created_unix: 0,
+        lifecycle: Lifecycle::Ready,
+        ephemeral: false,
+        nodes: BTreeMap::new(),
+    }
+}
+
+/// `moved_home(vol, node)` while the host answers for that node, and
+/// neither member is asked anything.
+async fn moved_home_with(
+    b: &MemberBackend,
+    c: (&mut MockApi, &mut MockApi, &mut MockApi),
+    vol: &Volume,
+    node: (&str, &str),
+) -> CsiResult<Option<Backing>> {
+    let (host, east, west) = c;
+    let (result, (), (), ()) = tokio::join!(
+        b.moved_home(vol, node.0),
+        async {
+            host.expect("GET", &format!("/api/v1/nodes/{}", node.0))
+                .await
+                .ok(host_node(node.0, node.1, &format!("{}-1", node.1)));
+        },
+        east.expect_idle(),
+        west.expect_idle()
+    );
+    result
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_volume_of_a_movable_class_is_everywhere_and_a_node_of_its_member_moves_nothing() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let b = b.with_mover_image(Some("csi-relay:test".into()));
+    let vol = movable_volume(&b);
+    let members: Vec<&str> = vol
+        .topology
+        .iter()
+        .filter_map(|t| t.get(TOPOLOGY_MEMBER_KEY).map(String::as_str))
+        .collect();
+    assert_eq!(members, ["east", "west"], "{:?}", vol.topology);
+    let found = moved_home_with(
+        &b,
+        (&mut host, &mut east, &mut west),
+        &vol,
+        ("host-e", "east"),
+    )
+    .await;
+    assert!(matches!(found, Ok(None)), "{found:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_move_without_the_mover_image_is_refused_before_anything_is_made() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let vol = movable_volume(&b);
+    let err = moved_home_with(
+        &b,
+        (&mut host, &mut east, &mut west),
+        &vol,
+        ("host-w", "west"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    let says = err.to_string();
+    assert!(
+        says.contains("cannot move to member cluster west"),
+        "{says}"
+    );
+    assert!(says.contains("--mover-image"), "{says}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_volume_whose_member_is_lost_does_not_move() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let b = b
+        .with_mover_image(Some("csi-relay:test".into()))
+        .with_lost_members(["east".to_string()]);
+    let vol = movable_volume(&b);
+    let err = moved_home_with(
+        &b,
+        (&mut host, &mut east, &mut west),
+        &vol,
+        ("host-w", "west"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("declared lost"), "{err}");
+}
