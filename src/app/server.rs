@@ -420,6 +420,12 @@ async fn start_controller_background(
             std::time::Duration::from_secs(args.housekeeping_interval),
         );
     }
+    if driver.config.mode.controller() && args.mover_image.is_some() {
+        let host = connect_host(args.host_kubeconfig.as_deref())
+            .await
+            .map_err(StartError::Config)?;
+        crate::ops::pre_copy::spawn(driver.clone(), host);
+    }
     if args.virtual_node_registrar {
         let host = connect_host(args.host_kubeconfig.as_deref())
             .await

@@ -352,6 +352,17 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// A user asked for the volume's copy in member `to` ahead of a move
+    /// (`Some`), kept in sync while its pods still run where it is; `None`:
+    /// no longer asked (a copy a publish needs goes on). Called under the
+    /// volume's lock.
+    async fn pre_copy(&self, vol: &Volume, _to: Option<&str>) -> CsiResult<()> {
+        Err(CsiError::FailedPrecondition(format!(
+            "volume {}: this backend does not move volumes between members",
+            vol.id
+        )))
+    }
+
     /// Makes the volume available to `node_id`; returns the publish_context the
     /// node side needs.
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>>;

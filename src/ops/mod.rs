@@ -10,3 +10,4 @@ pub mod controller;
 pub mod driver;
 pub mod housekeeping;
 pub mod node;
+pub mod pre_copy;

@@ -16,11 +16,15 @@
 //!   a plain `cp` of the same file on this machine. The old claim goes
 //!   once the pod ran there (`movedDataRetention: delete`); the movers and
 //!   their Secrets go.
-//! - **Moved back, with a SIGKILL of a mover and of the controller during
-//!   the copy:** 10 MiB rewritten in member2, the Deployment moved back to
-//!   kosmos-member1; the source mover's process and then the controller are
-//!   killed while the copy runs; the pod runs in member1 on data with
-//!   member2's hash, one claim in use, no mover left.
+//! - **Pre-copied back:** the host claim labelled
+//!   `relay.csi.dev/pre-copy-to=member1` while the pod runs in member2; once
+//!   a pass is done, 10 MiB rewritten, then the Deployment moved back: the
+//!   cutover (old pod gone to new pod Running) and what the last pass sent.
+//! - **A SIGKILL of a mover and of the controller during a copy:** moved to
+//!   member2 again (a full copy: its copy was deleted), the source mover's
+//!   process and then the controller killed while the copy runs; the pod
+//!   runs in member2 on data with member1's hash, one claim in use, no
+//!   mover left.
 //! - **Delete:** nothing of the volume in the host, in either member, or
 //!   in either member's directory.
 //!
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -385,38 +389,85 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
     })
     .await;
 
-    // ---- Moved back, 10 MiB rewritten; a mover and the controller
-    // SIGKILLed during the copy.
-    let blob2 = dir2.join("blob");
-    let out = std::process::Command::new("dd")
-        .args([
-            "if=/dev/urandom",
-            "bs=1M",
-            "count=10",
-            "seek=100",
-            "conv=notrunc,fsync",
-        ])
-        .arg(format!("of={}", blob2.display()))
-        .output()
-        .expect("dd");
-    assert!(
-        out.status.success(),
-        "dd: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let changed_hash = hash(&blob2);
+    // ---- Pre-copied back to member1: the host claim asks for the copy
+    // while the pod runs in member2; 10 MiB rewritten after a pass; then
+    // the move.
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.host.clone(), &ns);
+    let label =
+        |to: Option<&str>| json!({"metadata": {"labels": {"relay.csi.dev/pre-copy-to": to}}});
     let before = passes(&relay.controller.log()).len();
     let t = Instant::now();
+    claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(label(Some("member1"))),
+        )
+        .await
+        .expect("label the host claim");
+    eventually("a pre-copy pass to member1 done", MOVE_WAIT, || async {
+        (passes(&relay.controller.log()).len() > before).then_some(())
+    })
+    .await;
+    let warm = passes(&relay.controller.log());
+    println!(
+        "figure: pre-copy to member1 asked: first pass done {:.1} s after the label, {:.1} MiB sent",
+        t.elapsed().as_secs_f64(),
+        warm.last().map_or(0, |p| p.1) as f64 / (1 << 20) as f64
+    );
+    rewrite_10_mib(&dir2.join("blob"));
+    let changed_hash = hash(&dir2.join("blob"));
+    let before = passes(&relay.controller.log()).len();
     ctx.move_to(&ns, KOSMOS1).await;
-    let source = eventually("member2's source mover running", MOVE_WAIT, || async {
+    ctx.old_pod_released(&ns, &ctx.member2).await;
+    let gone = Instant::now();
+    let pod1 = pods::one_running(&ctx.member1, &ns, "app=global", None, MOVE_WAIT).await;
+    let cutover = gone.elapsed().as_secs_f64();
+    let dir1 = data_dir(&ctx.member1, &ns).await;
+    pods::file_says(&dir1.join(format!("seen-{pod1}")), &token, WAIT).await;
+    assert_eq!(
+        hash(&dir1.join("blob")),
+        changed_hash,
+        "member1's pre-copied copy differs"
+    );
+    let last: Vec<_> = passes(&relay.controller.log())
+        .into_iter()
+        .skip(before)
+        .collect();
+    let final_pass = last.iter().rev().find(|p| p.4).copied();
+    println!(
+        "figure: pre-copied move member2 → member1, 10 MiB rewritten after the last pass: cutover (old pod gone → new pod Running) {cutover:.1} s; {} pass(es) after the edit, the verified one sent {:.1} MiB ({:.1} MiB on the wire) in {:.1} s",
+        last.len(),
+        final_pass.map_or(0, |p| p.1) as f64 / (1 << 20) as f64,
+        final_pass.map_or(0, |p| p.2) as f64 / (1 << 20) as f64,
+        final_pass.map_or(0.0, |p| p.3)
+    );
+    claims
+        .patch("data", &PatchParams::default(), &Patch::Merge(label(None)))
+        .await
+        .expect("unlabel the host claim");
+    eventually("member2's copy deleted after the move", WAIT, || async {
+        relay_claims(&ctx.member2, &ns)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+
+    // ---- To member2 again (its copy was deleted: a full copy), a mover
+    // and then the controller SIGKILLed during the copy.
+    rewrite_10_mib(&dir1.join("blob"));
+    let changed_hash = hash(&dir1.join("blob"));
+    let t = Instant::now();
+    ctx.move_to(&ns, KOSMOS2).await;
+    let source = eventually("member1's source mover running", MOVE_WAIT, || async {
         mover_pid(&uuid, "source")
     })
     .await;
-    // Some of the copy first.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let killed = nix_kill(source);
     println!(
-        "figure: move back: source mover (pid {source}) SIGKILLed {:.1} s after the edit: {killed}",
+        "figure: crash move: source mover (pid {source}) SIGKILLed {:.1} s after the edit: {killed}",
         t.elapsed().as_secs_f64()
     );
     eventually("the source mover back", MOVE_WAIT, || async {
@@ -426,41 +477,60 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
     tokio::time::sleep(Duration::from_secs(2)).await;
     relay.crash_controller().await;
     println!(
-        "figure: move back: controller SIGKILLed and restarted {:.1} s after the edit",
+        "figure: crash move: controller SIGKILLed and restarted {:.1} s after the edit",
         t.elapsed().as_secs_f64()
     );
-    let (pod1, took) = moved(ctx, &ns, &ctx.member2, &ctx.member1, t).await;
-    let back = data_dir(&ctx.member1, &ns).await;
-    pods::file_says(&back.join(format!("seen-{pod1}")), &token, WAIT).await;
+    let (pod2, took) = moved(ctx, &ns, &ctx.member1, &ctx.member2, t).await;
+    let dir2 = data_dir(&ctx.member2, &ns).await;
+    pods::file_says(&dir2.join(format!("seen-{pod2}")), &token, WAIT).await;
     assert_eq!(
-        hash(&back.join("blob")),
+        hash(&dir2.join("blob")),
         changed_hash,
-        "member1's copy back differs"
+        "member2's copy after the crashes differs"
     );
-    let after: Vec<_> = passes(&relay.controller.log());
-    let sent: u64 = after.iter().map(|p| p.1).sum();
+    let after = passes(&relay.controller.log());
     println!(
-        "figure: move back member2 → member1 (old claim deleted: a full copy), a mover and the controller SIGKILLed: edit to Running {took:.1} s; the restarted controller's passes sent {:.1} MiB in {} passes (before the kill: {before} passes)",
-        sent as f64 / (1 << 20) as f64,
+        "figure: crash move member1 → member2, a mover and the controller SIGKILLed: edit to Running {took:.1} s; the restarted controller's passes sent {:.1} MiB in {} passes",
+        after.iter().map(|p| p.1).sum::<u64>() as f64 / (1 << 20) as f64,
         after.len()
     );
-    eventually("one claim in use: member2's copy deleted", WAIT, || async {
-        relay_claims(&ctx.member2, &ns)
+    eventually("one claim in use: member1's copy deleted", WAIT, || async {
+        relay_claims(&ctx.member1, &ns)
             .await
             .is_empty()
             .then_some(())
     })
     .await;
-    eventually("no mover left after the move back", WAIT, || async {
+    eventually("no mover left after the crashes", WAIT, || async {
         (movers_left(&ctx.member1, &ns).await + movers_left(&ctx.member2, &ns).await == 0)
             .then_some(())
     })
     .await;
 
     // ---- Delete: nothing left anywhere.
-    ctx.delete_and_check_nothing_left(&ns, [back, dir2]).await;
+    ctx.delete_and_check_nothing_left(&ns, [dir1, dir2]).await;
     let _ = classes.delete(CLASS, &DeleteParams::default()).await;
     drop(relay);
+}
+
+/// 10 MiB of `file` rewritten with random data, as the app would.
+fn rewrite_10_mib(file: &Path) {
+    let out = std::process::Command::new("dd")
+        .args([
+            "if=/dev/urandom",
+            "bs=1M",
+            "count=10",
+            "seek=100",
+            "conv=notrunc,fsync",
+        ])
+        .arg(format!("of={}", file.display()))
+        .output()
+        .expect("dd");
+    assert!(
+        out.status.success(),
+        "dd: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// SIGKILL of `pid`: what it said.

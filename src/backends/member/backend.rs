@@ -1109,6 +1109,10 @@ impl Backend for MemberBackend {
         self.move_home(vol, node_id).await
     }
 
+    async fn pre_copy(&self, vol: &Volume, to: Option<&str>) -> CsiResult<()> {
+        self.keep_copy(vol, to).await
+    }
+
     async fn attach(&self, vol: &Volume, node_id: &str) -> CsiResult<BTreeMap<String, String>> {
         let origin = MemberVolume::of(vol)?;
         let sharing = sharing_of(&decode_volume_params(vol)?)?;

@@ -106,6 +106,65 @@ impl MemberBackend {
         }))
     }
 
+    /// A pre-copy asked on the host claim (`ops::pre_copy`): the move's
+    /// passes run while the volume's pods still run in its member, so that
+    /// the move, when a pod lands in `to`, sends only what changed since.
+    /// `None`: no longer asked; a move only that wanted stops and its
+    /// movers go (the copy stays, for a later pre-copy or move to finish,
+    /// and DeleteVolume removes it).
+    pub(super) async fn keep_copy(&self, vol: &Volume, to: Option<&str>) -> CsiResult<()> {
+        let params = decode_volume_params(vol)?;
+        let not_movable = || {
+            CsiError::FailedPrecondition(format!(
+                "volume {} is not of a class with movableBetween: it cannot be copied to another member",
+                vol.id
+            ))
+        };
+        let sharing = sharing_of(&params)?
+            .filter(Sharing::moves)
+            .ok_or_else(not_movable)?;
+        let home = MemberVolume::of(vol)?;
+        let Some(to) = to else {
+            if self.moves.stop_pre_copy(&vol.id) {
+                for member in sharing.members().filter(|m| !self.is_lost(m)) {
+                    mover_pod::remove_all(self.cluster(member)?, &home.uuid, &home.namespace)
+                        .await?;
+                }
+                tracing::info!(volume_id = %vol.id, "pre-copy no longer asked: its movers removed");
+            }
+            return Ok(());
+        };
+        if to == home.member {
+            return Ok(());
+        }
+        if !sharing.includes(to) {
+            return Err(CsiError::Invalid {
+                field: "label relay.csi.dev/pre-copy-to",
+                reason: format!(
+                    "volume {}: member cluster {to:?} is not one of its class's movableBetween members ({})",
+                    vol.id,
+                    sharing.members().collect::<Vec<_>>().join(", ")
+                ),
+            });
+        }
+        if self.is_lost(&home.member) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {}: its member cluster {} is declared lost (--lost-member)",
+                vol.id, home.member
+            )));
+        }
+        let access = access::claim_of(&params, &home).ok_or_else(not_movable)?;
+        let image = self.mover_image.clone().ok_or_else(|| {
+            CsiError::FailedPrecondition(format!(
+                "volume {}: the controller has no --mover-image, the image its movers run",
+                vol.id
+            ))
+        })?;
+        let plan = self.move_plan(vol, &params, &sharing, &home, &access, to, image)?;
+        self.moves.ensure_pre_copy(plan);
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn move_plan(
         &self,

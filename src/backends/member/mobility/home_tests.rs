@@ -24,7 +24,13 @@ fn movable_volume(b: &MemberBackend) -> Volume {
     };
     let mode = cap(AccessMode::SingleNodeWriter);
     let placed = b
-        .place("pvc-78", &typed, &[mode.clone()], Some(&req), None)
+        .place(
+            "pvc-78",
+            &typed,
+            std::slice::from_ref(&mode),
+            Some(&req),
+            None,
+        )
         .unwrap();
     Volume {
         id: placed.id,

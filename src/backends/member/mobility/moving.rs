@@ -14,7 +14,7 @@
 //! takes).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +77,8 @@ struct Move {
     verified: Notify,
     /// The movers' key, once this process made their Secrets.
     key: Mutex<Option<[u8; KEY_LEN]>>,
+    /// Whether a publish wants the move (else only a pre-copy does).
+    published: AtomicBool,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     started: Instant,
 }
@@ -94,11 +96,41 @@ impl Moves {
     /// The move of `volume_id` to `to`, started unless running already; a
     /// move of it elsewhere is stopped first.
     pub fn ensure(&self, plan: Plan) {
+        self.start(plan, true);
+    }
+
+    /// The move of `volume_id` to `plan.to` asked ahead (a pre-copy): the
+    /// same passes, but only a publish makes it wanted for the switch, and
+    /// `stop_pre_copy` ends it until then.
+    pub fn ensure_pre_copy(&self, plan: Plan) {
+        self.start(plan, false);
+    }
+
+    /// Ends a move nothing but a pre-copy wanted; whether it did.
+    pub fn stop_pre_copy(&self, volume_id: &str) -> bool {
+        let mut map = lock(&self.map);
+        let Some(m) = map.get(volume_id) else {
+            return false;
+        };
+        if m.published.load(Ordering::SeqCst) {
+            return false;
+        }
+        if let Some(t) = lock(&m.task).take() {
+            t.abort();
+        }
+        map.remove(volume_id);
+        true
+    }
+
+    fn start(&self, plan: Plan, published: bool) {
         let to = plan.to.name().to_string();
         let mut map = lock(&self.map);
         if let Some(m) = map.get(&plan.volume_id) {
             let alive = lock(&m.task).as_ref().is_some_and(|t| !t.is_finished());
             if m.to == to && alive {
+                if published {
+                    m.published.store(true, Ordering::SeqCst);
+                }
                 return;
             }
             if let Some(t) = lock(&m.task).take() {
@@ -115,6 +147,7 @@ impl Moves {
             epoch: AtomicU64::new(0),
             verified: Notify::new(),
             key: Mutex::new(None),
+            published: AtomicBool::new(published),
             task: Mutex::new(None),
             started: Instant::now(),
         });
@@ -523,6 +556,7 @@ mod tests {
             epoch: AtomicU64::new(0),
             verified: Notify::new(),
             key: Mutex::new(None),
+            published: AtomicBool::new(true),
             task: Mutex::new(None),
             started: Instant::now(),
         });
@@ -587,6 +621,20 @@ mod tests {
                 .await,
             "no move of that volume"
         );
+    }
+
+    #[test]
+    fn a_pre_copy_stops_when_no_longer_asked_unless_a_publish_wants_the_move() {
+        let moves = Moves::default();
+        let m = registered(&moves, "vol-1", "west");
+        m.published.store(false, Ordering::SeqCst);
+        assert!(moves.stop_pre_copy("vol-1"));
+        assert!(moves.status("vol-1").is_none());
+        assert!(!moves.stop_pre_copy("vol-1"), "nothing left to stop");
+        // A pod landed in west meanwhile: the move goes on.
+        registered(&moves, "vol-2", "west");
+        assert!(!moves.stop_pre_copy("vol-2"));
+        assert!(moves.status("vol-2").is_some());
     }
 
     #[test]
