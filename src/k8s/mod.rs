@@ -20,6 +20,7 @@ pub mod naming;
 pub mod nodes;
 pub mod observation;
 pub mod registrar;
+pub mod relay_move;
 pub mod relay_summary;
 pub mod relay_volume;
 pub mod watched;

@@ -63,6 +63,7 @@ fn record_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Erro
     printcolumn = r#"{"name": "MEMBER", "type": "string", "jsonPath": ".spec.member"}"#,
     printcolumn = r#"{"name": "MEMBER-PVC", "type": "string", "jsonPath": ".spec.memberPvc"}"#,
     printcolumn = r#"{"name": "IMPORTS", "type": "string", "jsonPath": ".status.imports[*].member"}"#,
+    printcolumn = r#"{"name": "MOVE", "type": "string", "jsonPath": ".status.move.phase", "priority": 1}"#,
     printcolumn = r#"{"name": "NODES", "type": "string", "jsonPath": ".status.nodeSummary"}"#,
     printcolumn = r#"{"name": "AGE", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name": "LAST-ERROR", "type": "string", "jsonPath": ".status.lastError"}"#,
@@ -134,6 +135,11 @@ pub struct RelayVolumeStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["member"]))]
     pub imports: Option<Vec<RelayImportStatus>>,
+    /// The volume's move between members (`movableBetween`): the one in
+    /// progress, else the last one; written by the controller's mover
+    /// (`k8s::relay_move`).
+    #[serde(default, rename = "move", skip_serializing_if = "Option::is_none")]
+    pub moving: Option<RelayMoveStatus>,
     /// Why the last call on the volume failed (`<call>: <CSI code>: <message>`),
     /// while it has not moved on since; written by the controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,6 +158,34 @@ pub struct RelayVolumeStatus {
         "message": "status.leaderTerm may not go back: this status write comes from a csi-relay controller that no longer leads (a newer leader has written this volume's status since)"
     }]))]
     pub leader_term: Option<i64>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayMoveStatus {
+    /// The member the data comes from.
+    pub from: String,
+    /// The member it goes to.
+    pub to: String,
+    /// Preparing, StartingMovers, Copying, Syncing (the source may still
+    /// change: passes repeat), Verified (a pass may serve), Retrying, or
+    /// Moved (the volume's home is now `to`).
+    pub phase: String,
+    /// Passes made.
+    pub passes: u32,
+    /// Bytes the source holds.
+    pub total_bytes: u64,
+    /// Bytes the last pass sent (before compression).
+    pub sent_bytes: u64,
+    /// When the last pass ended (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_sync: Option<String>,
+    /// Seconds from the move's start to the switch (phase Moved).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cutover_seconds: Option<f64>,
+    /// What the move waits for, or its last error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -393,6 +393,7 @@ fn the_crd_renders_with_its_printer_columns() {
             "MEMBER",
             "MEMBER-PVC",
             "IMPORTS",
+            "MOVE",
             "NODES",
             "AGE",
             "LAST-ERROR"

@@ -40,6 +40,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value};
 
+use csi_relay::k8s::relay_volume::RelayVolume;
+
 use crate::e2e_support::demo_relay::{DemoRelay, Prerequisites};
 use crate::e2e_support::{apply, eventually, pods, ScriptedEnv};
 use crate::global_storage_e2e::{
@@ -375,6 +377,30 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
         full.3,
         mbps / floor
     );
+    // The RelayVolume tells the move.
+    let host_pv = pods::host_pv(&ctx.host, &ns, "data").await;
+    let rvs: Api<RelayVolume> = Api::all(ctx.host.clone());
+    let shown = eventually("the RelayVolume's status.move Moved", WAIT, || async {
+        let rv = rvs
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|rv| rv.spec.volume_name == host_pv)?;
+        let m = rv.status?.moving?;
+        (m.phase == "Moved").then_some(m)
+    })
+    .await;
+    assert_eq!(
+        (shown.from.as_str(), shown.to.as_str()),
+        ("member1", "member2")
+    );
+    assert!(
+        shown.passes >= 1 && shown.total_bytes >= DATA_MIB << 20,
+        "{shown:?}"
+    );
+    println!("figure: status.move after the move: {shown:?}");
     // The old copy goes once the pod ran on the new one; the movers go.
     eventually("member1's old claim deleted", WAIT, || async {
         relay_claims(&ctx.member1, &ns)

@@ -501,10 +501,16 @@ mod tests {
         assert!(member
             .iter()
             .any(|r| r.resource == "persistentvolumeclaims" && r.verb == "delete"));
+        // Secrets: create and delete (the movers' key), never read.
         assert!(
-            !member.iter().any(|r| r.resource == "secrets"),
+            !member
+                .iter()
+                .any(|r| r.resource == "secrets" && matches!(r.verb.as_str(), "get" | "list")),
             "only `yes` rows"
         );
+        assert!(member
+            .iter()
+            .any(|r| r.resource == "secrets" && r.verb == "create"));
         assert_eq!(
             granted("csi-relay-member-node", "member")[0].to_string(),
             "get secrets.core node-stage-secret in csi-relay-node-secrets"

@@ -94,7 +94,16 @@ impl MemberBackend {
             self.held_for_move(vol, &access, &sharing, &here, node_id)
                 .await?;
         }
+        let last = self.moves.status(&vol.id);
         let seconds = self.moves.finish(&vol.id).unwrap_or_default();
+        if let (Some(host), Some(last)) = (self.host.clone(), last) {
+            let mut shown = moving::move_status(&home.member, &last, None);
+            shown.phase = "Moved".into();
+            shown.cutover_seconds = Some(seconds);
+            shown.message = None;
+            let id = vol.id.clone();
+            tokio::spawn(async move { crate::k8s::relay_move::report(&host, &id, &shown).await });
+        }
         tracing::info!(volume_id = %vol.id, from = %home.member, to = %here, seconds, "move verified: the volume's home is now its new member");
         let retention = params.moved_data_retention.unwrap_or_default();
         self.after_move(vol, &home, &access, &here, retention);

@@ -30,6 +30,7 @@ use super::pass::{self, PassReport};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::MemberVolume;
+use crate::k8s::relay_volume::RelayMoveStatus;
 
 /// Pause between passes while the source may still change (a pre-copy).
 const LIVE_PASS_PAUSE: Duration = Duration::from_secs(5);
@@ -245,9 +246,11 @@ async fn run(plan: Plan, m: Arc<Move>) {
             Err(e) => {
                 tracing::warn!(volume_id = %plan.volume_id, to = %m.to, error = %e, "move: attempt failed; retrying");
                 crate::rt::metrics::move_failure(plan.from.name(), &m.to);
-                let mut s = lock(&m.status);
-                s.error = Some(e);
-                s.phase = "Retrying";
+                set(&m, |s| {
+                    s.error = Some(e);
+                    s.phase = "Retrying";
+                });
+                show(&plan, &m, false).await;
             }
         }
         tokio::time::sleep(backoff).await;
@@ -257,6 +260,31 @@ async fn run(plan: Plan, m: Arc<Move>) {
 
 fn set(m: &Move, f: impl FnOnce(&mut Status)) {
     f(&mut lock(&m.status));
+}
+
+/// The RelayVolume's `status.move` of a move, from its status.
+pub fn move_status(from: &str, s: &Status, last_sync: Option<String>) -> RelayMoveStatus {
+    RelayMoveStatus {
+        from: from.to_string(),
+        to: s.to.clone(),
+        phase: s.phase.to_string(),
+        passes: s.passes,
+        total_bytes: s.total,
+        sent_bytes: s.last.as_ref().map_or(s.sent, |l| l.sent),
+        last_sync,
+        cutover_seconds: None,
+        message: s.error.clone(),
+    }
+}
+
+/// Shows the move's status on its RelayVolume, when the controller has the
+/// host cluster.
+async fn show(plan: &Plan, m: &Move, synced: bool) {
+    let Some((host, _)) = &plan.host else { return };
+    let status = lock(&m.status).clone();
+    let last = synced.then(crate::k8s::relay_move::now);
+    let shown = move_status(plan.from.name(), &status, last);
+    crate::k8s::relay_move::report(host, &plan.volume_id, &shown).await;
 }
 
 /// One try: the target claim, the Secrets and movers, then passes until
@@ -314,6 +342,7 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         }
     }
     set(m, |s| s.phase = "StartingMovers");
+    show(plan, m, false).await;
     let started = Instant::now();
     loop {
         let mut waiting = Vec::new();
@@ -344,6 +373,7 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         s.phase = "Copying";
         s.error = None;
     });
+    show(plan, m, false).await;
     loop {
         let epoch = m.epoch.load(Ordering::SeqCst);
         let quiet = !source_in_use(plan).await.map_err(e)?;
@@ -368,6 +398,7 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
                 s.phase = "Syncing";
             }
         });
+        show(plan, m, true).await;
         if serves {
             m.verified.notify_waiters();
             if let Some((host, pv)) = &plan.host {
