@@ -596,7 +596,11 @@ async fn movers_are_held_to_their_shape(admin: &Client, relay: &Client, ns: &str
         ),
         (
             "create a privileged mover",
-            with(&|v| v["spec"]["containers"][0]["securityContext"]["privileged"] = json!(true)),
+            with(&|v| {
+                let sc = &mut v["spec"]["containers"][0]["securityContext"];
+                sc["privileged"] = json!(true);
+                sc["allowPrivilegeEscalation"] = json!(true);
+            }),
         ),
         (
             "create a mover with CAP_SYS_ADMIN",
