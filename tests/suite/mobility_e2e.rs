@@ -306,6 +306,7 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
         "member1",
     )
     .await;
+    let _log = LogOnFailure(relay.controller.path("driver.log"));
     for node in [KOSMOS1, KOSMOS2, HOST_NODE] {
         pods::relay_registered(&ctx.host, DRIVER, node, WAIT).await;
     }
@@ -537,6 +538,29 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
     ctx.delete_and_check_nothing_left(&ns, [dir1, dir2]).await;
     let _ = classes.delete(CLASS, &DeleteParams::default()).await;
     drop(relay);
+}
+
+/// On a failure, what the controller said last (its warnings and moves).
+struct LogOnFailure(PathBuf);
+
+impl Drop for LogOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.contains("move"))
+            .collect();
+        eprintln!(
+            "--- the controller's last warnings and moves ({}):",
+            self.0.display()
+        );
+        for l in &said[said.len().saturating_sub(40)..] {
+            eprintln!("{}", &l[..l.len().min(600)]);
+        }
+    }
 }
 
 /// 10 MiB of `file` rewritten with random data, as the app would.

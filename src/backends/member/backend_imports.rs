@@ -219,10 +219,24 @@ impl MemberBackend {
         let pv_name = match (pvc::phase(&claim), pvc::bound_pv(&claim)) {
             ("Bound", Some(pv)) => pv.to_string(),
             (phase, _) => {
+                // A gated volume's data claim of a class that waits for a
+                // consumer has none: it is sent to a node.
+                if origin.pvc == naming::pvc_name(&origin.uuid) {
+                    if let Some(node) = pvc::a_schedulable_node(from).await? {
+                        let params = decode_volume_params(vol)?;
+                        let params = super::moves::params_in(
+                            &params,
+                            sharing_of(&params)?.as_ref(),
+                            &origin.member,
+                        );
+                        self.nudge_binding(from, origin, &claim, &params, Some(&node))
+                            .await?;
+                    }
+                }
                 return Err(CsiError::Unavailable(format!(
                     "{label}: PersistentVolumeClaim {path} is {phase}, not Bound: volume {} is imported into member cluster {to} once the member that provisions it binds it (retry)",
                     vol.id
-                )))
+                )));
             }
         };
         pvc::get_pv(from, &pv_name).await?.ok_or_else(|| {

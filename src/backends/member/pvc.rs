@@ -285,6 +285,40 @@ pub async fn select_node(
         .map(|_| ())
 }
 
+/// A node a WaitForFirstConsumer claim no pod consumes may be sent to (a
+/// gated volume's data claim: its pods use an access claim whose PV keeps
+/// the data PV's node affinity, so the member scheduler follows the data):
+/// the first, by name, of the Ready nodes that take pods.
+pub async fn a_schedulable_node(cluster: &Cluster) -> KubeResult<Option<String>> {
+    let nodes = cluster
+        .run(
+            "list Nodes",
+            Api::<k8s_openapi::api::core::v1::Node>::all(cluster.client())
+                .list(&ListParams::default()),
+        )
+        .await?;
+    let mut fit: Vec<String> = nodes
+        .items
+        .into_iter()
+        .filter(|n| {
+            let spec = n.spec.as_ref();
+            let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+            let tainted = spec
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.effect != "PreferNoSchedule"));
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            ready && !cordoned && !tainted
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    fit.sort();
+    Ok(fit.into_iter().next())
+}
+
 /// Raises the member PVC's storage request; returns the member's answer.
 pub async fn request_storage(
     cluster: &Cluster,
