@@ -286,7 +286,7 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
         json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
                "metadata": {"name": CLASS}, "provisioner": DRIVER,
                "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Delete",
-               "parameters": {"member": "member1", "memberStorageClass": MEMBER1_CLASS,
+               "parameters": {"member": "member1",
                               "movableBetween": format!("member1={MEMBER1_CLASS},member2={MEMBER2_CLASS}"),
                               "movedDataRetention": "delete",
                               "createMemberNamespace": "true"}}),
