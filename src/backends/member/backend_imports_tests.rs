@@ -68,7 +68,16 @@ fn shared_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
 }
 
 pub(super) fn placed_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
-    let parameters = shared_params(true);
+    volume_placed_in_east(b, "pvc-77", shared_params(true), mode)
+}
+
+/// A volume of `parameters` that CreateVolume placed in east.
+pub(super) fn volume_placed_in_east(
+    b: &MemberBackend,
+    name: &str,
+    parameters: BTreeMap<String, String>,
+    mode: AccessMode,
+) -> Volume {
     let map: HashMap<String, String> = parameters.clone().into_iter().collect();
     let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
     let req = csi::TopologyRequirement {
@@ -78,11 +87,11 @@ pub(super) fn placed_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
         }],
     };
     let placed = b
-        .place("pvc-77", &typed, &[cap(mode)], Some(&req), None)
+        .place(name, &typed, &[cap(mode)], Some(&req), None)
         .unwrap();
     Volume {
         id: placed.id,
-        name: "pvc-77".into(),
+        name: name.into(),
         capacity_bytes: 1 << 30,
         backing: placed.backing,
         capabilities: vec![cap(mode)],

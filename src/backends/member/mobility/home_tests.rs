@@ -14,40 +14,7 @@ fn movable_volume(b: &MemberBackend) -> Volume {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let map: HashMap<String, String> = parameters.clone().into_iter().collect();
-    let typed: VolumeParams = params::decode(&map, "parameters").unwrap();
-    let req = csi::TopologyRequirement {
-        requisite: vec![],
-        preferred: vec![csi::Topology {
-            segments: [(TOPOLOGY_MEMBER_KEY.to_string(), "east".to_string())].into(),
-        }],
-    };
-    let mode = cap(AccessMode::SingleNodeWriter);
-    let placed = b
-        .place(
-            "pvc-78",
-            &typed,
-            std::slice::from_ref(&mode),
-            Some(&req),
-            None,
-        )
-        .unwrap();
-    Volume {
-        id: placed.id,
-        name: "pvc-78".into(),
-        capacity_bytes: 1 << 30,
-        backing: placed.backing,
-        capabilities: vec![mode],
-        parameters,
-        mutable_parameters: BTreeMap::new(),
-        source: None,
-        topology: placed.topology,
-        context: placed.context,
-        created_unix: 0,
-        lifecycle: Lifecycle::Ready,
-        ephemeral: false,
-        nodes: BTreeMap::new(),
-    }
+    volume_placed_in_east(b, "pvc-78", parameters, AccessMode::SingleNodeWriter)
 }
 
 /// `moved_home(vol, node)` while the host answers for that node, and
