@@ -182,7 +182,7 @@ pub struct RelayMoveStatus {
     pub last_sync: Option<String>,
     /// Seconds from the move's start to the switch (phase Moved).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cutover_seconds: Option<f64>,
+    pub move_seconds: Option<f64>,
     /// What the move waits for, or its last error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

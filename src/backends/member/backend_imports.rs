@@ -221,7 +221,10 @@ impl MemberBackend {
             (phase, _) => {
                 // A gated volume's data claim of a class that waits for a
                 // consumer has none: it is sent to a node.
-                if origin.pvc == naming::pvc_name(&origin.uuid) {
+                // (Once sent, the member's provisioner is at work: the
+                // nodes are not listed again on each retry.)
+                let sent = pvc::annotation(&claim, naming::SELECTED_NODE_ANNOTATION).is_some();
+                if origin.pvc == naming::pvc_name(&origin.uuid) && !sent {
                     if let Some(node) = pvc::a_schedulable_node(from).await? {
                         let params = decode_volume_params(vol)?;
                         let params = super::moves::params_in(

@@ -99,7 +99,7 @@ impl MemberBackend {
         if let (Some(host), Some(last)) = (self.host.clone(), last) {
             let mut shown = moving::move_status(&home.member, &last, None);
             shown.phase = "Moved".into();
-            shown.cutover_seconds = Some(seconds);
+            shown.move_seconds = Some(seconds);
             shown.message = None;
             let id = vol.id.clone();
             tokio::spawn(async move { crate::k8s::relay_move::report(&host, &id, &shown).await });

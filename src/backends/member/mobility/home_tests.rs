@@ -114,3 +114,40 @@ async fn a_volume_whose_member_is_lost_does_not_move() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
     assert!(err.to_string().contains("declared lost"), "{err}");
 }
+
+/// A pre-copy asked for a member the class does not list, or without the
+/// mover image, is refused naming why, before either member is asked.
+#[tokio::test(start_paused = true)]
+async fn a_pre_copy_the_class_or_controller_cannot_serve_is_refused_before_anything_is_made() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        host: _host,
+    } = clusters();
+    let vol = movable_volume(&b);
+    let (result, (), ()) = tokio::join!(
+        b.keep_copy(&vol, Some("north")),
+        east.expect_idle(),
+        west.expect_idle()
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("\"north\" is not one of"), "{err}");
+    let (result, (), ()) = tokio::join!(
+        b.keep_copy(&vol, Some("west")),
+        east.expect_idle(),
+        west.expect_idle()
+    );
+    let err = result.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err}");
+    assert!(err.to_string().contains("--mover-image"), "{err}");
+    // Its own member, or nothing asked of a volume no pre-copy moves: no-ops.
+    let (own, none, (), ()) = tokio::join!(
+        b.keep_copy(&vol, Some("east")),
+        b.keep_copy(&vol, None),
+        east.expect_idle(),
+        west.expect_idle()
+    );
+    assert!(own.is_ok() && none.is_ok(), "{own:?} {none:?}");
+}

@@ -272,7 +272,7 @@ pub fn move_status(from: &str, s: &Status, last_sync: Option<String>) -> RelayMo
         total_bytes: s.total,
         sent_bytes: s.last.as_ref().map_or(s.sent, |l| l.sent),
         last_sync,
-        cutover_seconds: None,
+        move_seconds: None,
         message: s.error.clone(),
     }
 }
