@@ -207,7 +207,13 @@ pub trait Backend: Send + Sync + 'static {
     /// CO, CreateVolume's NOT_FOUND says the content source does not exist
     /// (the caller checks that against its records first); anything the
     /// backend finds missing on the way is FAILED_PRECONDITION.
-    async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()>;
+    /// `Some(backing)`: the record's backing as made, kept from then on
+    /// (the member backend adds the uid of the claim it made).
+    async fn create_volume(
+        &self,
+        vol: &Volume,
+        source: Option<SourceData<'_>>,
+    ) -> CsiResult<Option<Backing>>;
 
     /// What the created volume's context gets beyond its placement's, once
     /// `create_volume` succeeded: facts only known then (the member

@@ -26,6 +26,12 @@ pub enum Backing {
         /// The member node the request's topology chose, if it named one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         selected_node: Option<String>,
+        /// The uid of the claim the relay made there, once made. Marks on a
+        /// claim are copied (Kosmos copies labels and annotations): only the
+        /// claim of this uid is the volume's. Records made before it was
+        /// kept have none, and are judged by the claim's marks alone.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        claim_uid: Option<String>,
     },
 }
 

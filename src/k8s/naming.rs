@@ -258,6 +258,8 @@ pub struct MemberVolume {
     pub pvc: String,
     pub uuid: String,
     pub selected_node: Option<String>,
+    /// The uid of the claim the relay made, where the record keeps it.
+    pub claim_uid: Option<String>,
 }
 
 impl MemberVolume {
@@ -267,6 +269,7 @@ impl MemberVolume {
             namespace,
             pvc,
             selected_node,
+            claim_uid,
         } = &vol.backing
         else {
             return Err(CsiError::FailedPrecondition(format!(
@@ -283,6 +286,7 @@ impl MemberVolume {
             pvc: pvc.clone(),
             uuid,
             selected_node: selected_node.clone(),
+            claim_uid: claim_uid.clone(),
         })
     }
 

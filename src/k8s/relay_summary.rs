@@ -118,6 +118,7 @@ mod tests {
             namespace: "relay".into(),
             pvc: "relay-0123456789abcdef0123456789abcdef".into(),
             selected_node: None,
+            claim_uid: None,
         };
         driver.put_volume(&vol).await.unwrap();
         let relay = RelayVolumeObserver::new(host, Role::for_mode(Mode::Controller, "ctrl"));
@@ -154,6 +155,7 @@ mod tests {
             namespace: "relay".into(),
             pvc: "relay-0123456789abcdef0123456789abcdef".into(),
             selected_node: None,
+            claim_uid: None,
         };
         vol
     }

@@ -55,6 +55,7 @@ fn volume() -> Volume {
             namespace: "relay".into(),
             pvc: "relay-0123456789abcdef0123456789abcdef".into(),
             selected_node: None,
+            claim_uid: None,
         },
         capabilities: vec![Capability::plain_mount()],
         parameters: [

@@ -405,7 +405,11 @@ impl Backend for LocalBackend {
         Ok(node_id == self.node_id || self.peer_nodes.iter().any(|p| p == node_id))
     }
 
-    async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
+    async fn create_volume(
+        &self,
+        vol: &Volume,
+        source: Option<SourceData<'_>>,
+    ) -> CsiResult<Option<Backing>> {
         let dst = self.volume_path(vol)?;
         let src = source
             .map(|s| self.source_path(&s, &vol.backing))
@@ -430,7 +434,8 @@ impl Backend for LocalBackend {
                 }
             })
         })
-        .await
+        .await?;
+        Ok(None)
     }
 
     fn premade_leftovers(&self) -> Vec<String> {

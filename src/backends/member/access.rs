@@ -162,6 +162,7 @@ mod tests {
             pvc: pvc.into(),
             uuid: "0a1b".into(),
             selected_node: None,
+            claim_uid: None,
         }
     }
 

@@ -165,8 +165,14 @@ impl MemberBackend {
         }
         Ok(None)
     }
-    /// CreateVolume's work: the member PVC, from its source.
-    async fn create_claim(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
+    /// CreateVolume's work: the member PVC, from its source. Returns the
+    /// backing with the uid of the claim made (or adopted from an earlier
+    /// attempt), the one object the record names from then on.
+    async fn create_claim(
+        &self,
+        vol: &Volume,
+        source: Option<SourceData<'_>>,
+    ) -> CsiResult<Backing> {
         let at = MemberVolume::of(vol)?;
         let cluster = self.cluster(&at.member)?;
         let params = decode_volume_params(vol)?;
@@ -238,7 +244,8 @@ impl MemberBackend {
             namespace::ensure(cluster, &at.namespace).await?;
         }
         let made = claim_create::ensure(cluster, &claim, &vol.id).await?;
-        tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), "member PVC created");
+        let claim_uid = made.metadata.uid.clone();
+        tracing::info!(volume_id = %vol.id, member = %at.member, pvc = %at.pvc_path(), uid = ?claim_uid, "member PVC created");
         // The class the member gave a claim that named none: its default.
         let class = match (
             class,
@@ -255,7 +262,13 @@ impl MemberBackend {
         if class.as_ref().is_some_and(|c| !pvc::binds_late(c)) {
             claim_bound::await_bound(cluster, made, self.wait).await?;
         }
-        Ok(())
+        Ok(Backing::Member {
+            member: at.member,
+            namespace: at.namespace,
+            pvc: at.pvc,
+            selected_node: at.selected_node,
+            claim_uid,
+        })
     }
 
     /// `host` is where host Nodes are looked up (None: a host node maps to
@@ -663,6 +676,8 @@ impl Backend for MemberBackend {
                 namespace,
                 pvc,
                 selected_node,
+                // Known once the claim is made (`create_volume`).
+                claim_uid: None,
             },
             context,
         })
@@ -714,13 +729,20 @@ impl Backend for MemberBackend {
         }
     }
 
-    async fn create_volume(&self, vol: &Volume, source: Option<SourceData<'_>>) -> CsiResult<()> {
+    async fn create_volume(
+        &self,
+        vol: &Volume,
+        source: Option<SourceData<'_>>,
+    ) -> CsiResult<Option<Backing>> {
         // A member object missing on the way (an API answering 404 where
         // nothing expected it) is no missing content source.
-        self.create_claim(vol, source).await.map_err(|e| match e {
-            CsiError::NotFound(why) => CsiError::FailedPrecondition(why),
-            other => other,
-        })
+        self.create_claim(vol, source)
+            .await
+            .map(Some)
+            .map_err(|e| match e {
+                CsiError::NotFound(why) => CsiError::FailedPrecondition(why),
+                other => other,
+            })
     }
 
     /// A shared volume's origin PV as an import needs it, once its claim is
@@ -1292,6 +1314,7 @@ impl Backend for MemberBackend {
             pvc: name.to_string(),
             uuid,
             selected_node: None,
+            claim_uid: None,
         };
         // Deletes only a claim that carries this id, as of the uid read.
         pvc::delete(cluster, &at, &data.id).await

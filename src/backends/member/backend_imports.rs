@@ -181,7 +181,16 @@ impl MemberBackend {
             let cluster = self.cluster(member)?;
             let ours = pvc::get(cluster, &origin.namespace, &origin.pvc)
                 .await?
-                .is_some_and(|c| pvc::belongs_to(&c, &vol.id) && !pvc::copies_the_host_claim(&c));
+                .is_some_and(|c| {
+                    // In the origin, the claim the record names; elsewhere
+                    // an import, which a copy's marks may pass for: counted,
+                    // so the check errs toward refusing.
+                    let relays = match member == origin.member {
+                        true => pvc::is_recorded(&c, origin, &vol.id),
+                        false => pvc::belongs_to(&c, &vol.id),
+                    };
+                    relays && !pvc::copies_the_host_claim(&c)
+                });
             if !ours {
                 continue;
             }

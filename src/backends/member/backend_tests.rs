@@ -2642,3 +2642,6 @@ async fn the_member_group_class_is_chosen_or_refused_saying_why() {
         "{err}"
     );
 }
+
+#[path = "claim_uid_tests.rs"]
+mod claim_uid;

@@ -127,10 +127,11 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
         async {
             let post = member.expect("POST", PVCS).await;
             assert_eq!(post.body["metadata"]["name"], first_pvc);
-            let existing = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            let mut existing = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "metadata": post.body["metadata"].clone(),
                 "spec": post.body["spec"].clone(),
                 "status": {"phase": "Pending"}});
+            existing["metadata"]["uid"] = json!("uid-first");
             post.already_exists();
             let name = existing["metadata"]["name"]
                 .as_str()
@@ -148,6 +149,13 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
     );
     let vol = second.unwrap().volume.unwrap();
     assert!(vol.volume_id.starts_with("m-east-"), "{}", vol.volume_id);
+    // The record names the claim it found by its uid from now on.
+    let crate::domain::volume::Backing::Member { claim_uid, .. } =
+        d.volume(&vol.volume_id).await.unwrap().backing
+    else {
+        panic!("a member volume")
+    };
+    assert_eq!(claim_uid.as_deref(), Some("uid-first"));
     assert_eq!(vol.capacity_bytes, 1 << 30);
     assert_eq!(
         vol.accessible_topology[0].segments[TOPOLOGY_MEMBER_KEY],
@@ -186,7 +194,7 @@ async fn create_after_a_failed_attempt_makes_one_member_pvc() {
                 .not_found();
             member.expect("GET", &format!("{PVCS}/{pvc}")).await.ok(
                 json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                           "metadata": {"name": pvc, "namespace": "relay",
+                           "metadata": {"name": pvc, "namespace": "relay", "uid": "uid-first",
                                         "annotations": {VOLUME_ID_ANNOTATION: vol.volume_id}},
                            "status": {"phase": "Pending"}}),
             );
@@ -696,6 +704,7 @@ async fn with_lost_west_volume(dir: &std::path::Path) -> (Driver, MockApi, MockA
         namespace: "shop".into(),
         pvc: "data".into(),
         selected_node: None,
+        claim_uid: None,
     };
     d.db(move |s| s.put_volume(&vol)).await.unwrap();
     (d, member, host_api)
@@ -1096,6 +1105,7 @@ async fn housekeeping_rolls_back_a_group_snapshot_never_finished() {
             namespace: "relay".into(),
             pvc: "relay-0123456789abcdef0123456789abcdef".into(),
             selected_node: None,
+            claim_uid: None,
         },
         created_unix: 0,
         created_nanos: 0,

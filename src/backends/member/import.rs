@@ -517,6 +517,7 @@ mod tests {
             pvc: "data".into(),
             uuid: "0a1b".into(),
             selected_node: None,
+            claim_uid: None,
         }
     }
 
@@ -530,6 +531,7 @@ mod tests {
                 namespace: "shop".into(),
                 pvc: "data".into(),
                 selected_node: None,
+                claim_uid: None,
             },
             capabilities: vec![],
             parameters: Default::default(),

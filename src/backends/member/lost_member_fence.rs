@@ -91,6 +91,12 @@ async fn fence_volume(cluster: &Cluster, vol: &Volume, fenced: &mut Vec<String>)
         .await?
         .is_some_and(|c| match gate {
             Some(_) => import::is_access_claim(&c, &at, &vol.id),
+            // The origin's claim is the one of the recorded uid; another
+            // member's is an import, fenced by its marks (erring toward
+            // fencing).
+            None if cluster.name() == at.member => {
+                pvc::is_recorded(&c, &at, &vol.id) && !pvc::copies_the_host_claim(&c)
+            }
             None => pvc::belongs_to(&c, &vol.id) && !pvc::copies_the_host_claim(&c),
         });
     if !ours {
@@ -206,6 +212,7 @@ mod tests {
             namespace: "shop".into(),
             pvc: "data".into(),
             selected_node: None,
+            claim_uid: None,
         };
         if let Some(list) = shared_with {
             vol.parameters.insert("sharedWith".into(), list.into());
@@ -303,6 +310,7 @@ mod tests {
             namespace: "shop".into(),
             pvc: "logs".into(),
             selected_node: None,
+            claim_uid: None,
         };
         let vols = [volume(Some("east,west")), other];
         let run = tokio::spawn(async move { round(&east, &vols).await });

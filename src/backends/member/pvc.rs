@@ -135,6 +135,26 @@ pub fn belongs_to(pvc: &PersistentVolumeClaim, volume_id: &str) -> bool {
     annotation(pvc, naming::VOLUME_ID_ANNOTATION) == Some(volume_id)
 }
 
+/// Whether `pvc` is the very claim the record names: the relay's for this
+/// volume by its marks and, where the record keeps the uid of the claim
+/// the relay made (`MemberVolume::claim_uid`), of that uid. Marks alone
+/// decide only for records made before the uid was kept.
+pub fn is_recorded(pvc: &PersistentVolumeClaim, at: &MemberVolume, volume_id: &str) -> bool {
+    belongs_to(pvc, volume_id) && not_the_recorded(pvc, at).is_none()
+}
+
+/// Why `pvc` is not the claim of the uid the record keeps, if it is not.
+fn not_the_recorded(pvc: &PersistentVolumeClaim, at: &MemberVolume) -> Option<String> {
+    let recorded = at.claim_uid.as_deref()?;
+    let uid = pvc.metadata.uid.as_deref();
+    (uid != Some(recorded)).then(|| {
+        format!(
+            "its uid is {}, not {recorded}, the uid of the claim the relay made",
+            uid.unwrap_or("unset")
+        )
+    })
+}
+
 /// Kosmos's mark on every object it copies into a member cluster.
 pub const KOSMOS_COPY_ANNOTATION: &str = "kosmos.io/global";
 
@@ -173,6 +193,13 @@ pub async fn owned(
             annotation(&claim, naming::VOLUME_ID_ANNOTATION)
         )));
     }
+    if let Some(why) = not_the_recorded(&claim, at) {
+        return Err(CsiError::FailedPrecondition(format!(
+            "{}: PersistentVolumeClaim {} carries csi-relay's marks for volume {volume_id} but {why}: a copy (Kosmos copies claims, marks included) or a claim made after the relay's was deleted; the relay does not touch it",
+            cluster.label(),
+            at.pvc_path(),
+        )));
+    }
     if copies_the_host_claim(&claim) {
         return Err(CsiError::FailedPrecondition(format!(
             "{}: PersistentVolumeClaim {} carries csi-relay's marks for volume {volume_id} but names the host's PersistentVolume {}: a copy of the host claim (Kosmos copies them, marks included), not the claim the relay made, which is gone; the relay does not touch it",
@@ -193,7 +220,7 @@ pub async fn delete(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
     let Some(claim) = get(cluster, namespace, name).await? else {
         return Ok(());
     };
-    if !belongs_to(&claim, volume_id) || copies_the_host_claim(&claim) {
+    if !is_recorded(&claim, at, volume_id) || copies_the_host_claim(&claim) {
         tracing::warn!(member = %cluster.name(), pvc = %at.pvc_path(), volume_id, "member PVC of that name is not the relay's; left alone");
         return Ok(());
     }

@@ -100,6 +100,7 @@ pub fn adopt(
             namespace: attribute(source::MEMBER_NAMESPACE),
             pvc: attribute(source::MEMBER_PVC),
             selected_node: m.member_node.clone(),
+            claim_uid: None,
         },
         capabilities: vec![cap.clone()],
         parameters: [(NODE_LOCAL.to_string(), "true".to_string())].into(),

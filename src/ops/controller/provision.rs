@@ -241,7 +241,7 @@ pub async fn create_volume(
         }
     };
 
-    if overlap {
+    let made = if overlap {
         // The record is logged (a crash of this process keeps it), not yet
         // synced: the log's sync runs on another thread while this one
         // creates the data and syncs its directory. Both are durable before
@@ -253,13 +253,22 @@ pub async fn create_volume(
         let synced = synced
             .await
             .map_err(|e| CsiError::Internal(format!("log sync failed: {e}")))?;
-        allocated?;
+        let made = allocated?;
         synced?;
-    } else if let Err(e) = allocate(d, &vol).await {
-        d.note_failure(&vol, "CreateVolume", &e).await;
-        return Err(e);
-    }
+        made
+    } else {
+        match allocate(d, &vol).await {
+            Ok(made) => made,
+            Err(e) => {
+                d.note_failure(&vol, "CreateVolume", &e).await;
+                return Err(e);
+            }
+        }
+    };
     let mut vol = state::provisioned(&vol);
+    if let Some(backing) = made {
+        vol.backing = backing;
+    }
     match d.backend.created_context(&vol).await {
         Ok(extra) => vol.context.extend(extra),
         Err(e) => {
@@ -293,7 +302,7 @@ fn overlap_syncs(backing: &Backing) -> bool {
 /// NOT_FOUND is reserved to a missing content source: a backend's own "not
 /// found" (a member namespace or class that does not exist) is a
 /// precondition the admin must fix.
-async fn allocate(d: &Driver, vol: &Volume) -> CsiResult<()> {
+async fn allocate(d: &Driver, vol: &Volume) -> CsiResult<Option<Backing>> {
     let allocated = match &vol.source {
         None => d.backend.create_volume(vol, None).await,
         Some(ContentSource::Snapshot(id)) => {

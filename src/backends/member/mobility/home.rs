@@ -94,6 +94,22 @@ impl MemberBackend {
             self.held_for_move(vol, &access, &sharing, &here, node_id)
                 .await?;
         }
+        // The claim the copy was verified in becomes the one the record
+        // names, by its uid.
+        let target = self.cluster(&here)?;
+        let claim_uid = pvc::get(target, &home.namespace, &home.pvc)
+            .await?
+            .filter(|c| pvc::belongs_to(c, &vol.id) && !pvc::copies_the_host_claim(c))
+            .ok_or_else(|| {
+                CsiError::Unavailable(format!(
+                    "{}: the move's claim {} of volume {} is gone after its copy was verified; retry",
+                    target.label(),
+                    home.pvc_path(),
+                    vol.id
+                ))
+            })?
+            .metadata
+            .uid;
         let last = self.moves.status(&vol.id);
         let seconds = self.moves.finish(&vol.id).unwrap_or_default();
         if let (Some(host), Some(last)) = (self.host.clone(), last) {
@@ -112,6 +128,7 @@ impl MemberBackend {
             namespace: home.namespace.clone(),
             pvc: home.pvc.clone(),
             selected_node: None,
+            claim_uid,
         }))
     }
 
@@ -188,6 +205,7 @@ impl MemberBackend {
         let target = MemberVolume {
             member: here.to_string(),
             selected_node: None,
+            claim_uid: None,
             ..home.clone()
         };
         let member_params = params_in(params, Some(sharing), here);
@@ -314,6 +332,7 @@ impl MemberBackend {
             if member != home.member {
                 let left = MemberVolume {
                     member: member.to_string(),
+                    claim_uid: None,
                     ..home.clone()
                 };
                 pvc::delete(c, &left, &vol.id).await?;
