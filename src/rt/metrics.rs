@@ -186,6 +186,7 @@ fn build() -> Result<Metrics, prometheus::Error> {
     registry.register(Box::new(move_passes.clone()))?;
     registry.register(Box::new(move_seconds.clone()))?;
     registry.register(Box::new(move_failures.clone()))?;
+    registry.register(Box::new(crate::rt::move_stall::StallCollector::new()?))?;
     Ok(Metrics {
         registry,
         calls,

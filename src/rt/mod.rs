@@ -13,6 +13,7 @@ pub mod fence;
 pub mod heap;
 pub mod limiter;
 pub mod metrics;
+pub mod move_stall;
 pub mod observer_queue;
 pub mod offload;
 pub mod unpoisoned;

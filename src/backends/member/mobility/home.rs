@@ -118,7 +118,18 @@ impl MemberBackend {
             shown.move_seconds = Some(seconds);
             shown.message = None;
             let id = vol.id.clone();
-            tokio::spawn(async move { crate::k8s::relay_move::report(&host, &id, &shown).await });
+            let claim = params.pvc_namespace.clone().zip(params.pvc_name.clone());
+            let note = format!(
+                "volume {id} now lives in member cluster {here}, moved from {} in {seconds:.1} s",
+                home.member
+            );
+            tokio::spawn(async move {
+                crate::k8s::relay_move::report(&host, &id, &shown).await;
+                if let Some(claim) = claim {
+                    let step = &crate::k8s::relay_move::MOVED;
+                    crate::k8s::relay_move::tell(&host, &claim, step, &note).await;
+                }
+            });
         }
         tracing::info!(volume_id = %vol.id, from = %home.member, to = %here, seconds, "move verified: the volume's home is now its new member");
         let retention = params.moved_data_retention.unwrap_or_default();
@@ -243,6 +254,7 @@ impl MemberBackend {
                 .iter()
                 .any(|c| c.access == crate::domain::capability::AccessType::Block),
             host,
+            host_claim: params.pvc_namespace.clone().zip(params.pvc_name.clone()),
         })
     }
 

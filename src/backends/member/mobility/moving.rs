@@ -30,7 +30,9 @@ use super::pass::{self, PassReport};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::MemberVolume;
+use crate::k8s::relay_move::{Step, COPYING, RETRYING, VERIFIED};
 use crate::k8s::relay_volume::RelayMoveStatus;
+use crate::rt::move_stall;
 
 /// Pause between passes while the source may still change (a pre-copy).
 const LIVE_PASS_PAUSE: Duration = Duration::from_secs(5);
@@ -55,6 +57,9 @@ pub struct Plan {
     pub block: bool,
     /// Where to tell the host's attacher that the move is done.
     pub host: Option<(Cluster, String)>,
+    /// The host claim (namespace, name), where the move's steps are shown
+    /// as Events.
+    pub host_claim: Option<(String, String)>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -120,6 +125,7 @@ impl Moves {
             t.abort();
         }
         map.remove(volume_id);
+        move_stall::settled(volume_id);
         true
     }
 
@@ -152,6 +158,7 @@ impl Moves {
             task: Mutex::new(None),
             started: Instant::now(),
         });
+        move_stall::progressed(&plan.volume_id);
         let task = tokio::spawn(run(plan.clone(), m.clone()));
         *lock(&m.task) = Some(task);
         map.insert(plan.volume_id, m);
@@ -198,6 +205,7 @@ impl Moves {
     /// The move is over (switched, or the volume is gone): its task stops;
     /// the seconds it took.
     pub fn finish(&self, volume_id: &str) -> Option<f64> {
+        move_stall::settled(volume_id);
         let m = lock(&self.map).remove(volume_id)?;
         if let Some(t) = lock(&m.task).take() {
             t.abort();
@@ -246,6 +254,7 @@ async fn run(plan: Plan, m: Arc<Move>) {
             Err(e) => {
                 tracing::warn!(volume_id = %plan.volume_id, to = %m.to, error = %e, "move: attempt failed; retrying");
                 crate::rt::metrics::move_failure(plan.from.name(), &m.to);
+                tell(&plan, &RETRYING, &format!("moving to member cluster {}: {e}; retried", m.to)).await;
                 set(&m, |s| {
                     s.error = Some(e);
                     s.phase = "Retrying";
@@ -285,6 +294,13 @@ async fn show(plan: &Plan, m: &Move, synced: bool) {
     let last = synced.then(crate::k8s::relay_move::now);
     let shown = move_status(plan.from.name(), &status, last);
     crate::k8s::relay_move::report(host, &plan.volume_id, &shown).await;
+}
+
+/// Shows a step of the move as an Event on the host claim.
+async fn tell(plan: &Plan, step: &Step, note: &str) {
+    if let (Some((host, _)), Some(claim)) = (&plan.host, &plan.host_claim) {
+        crate::k8s::relay_move::tell(host, claim, step, note).await;
+    }
 }
 
 /// One try: the target claim, the Secrets and movers, then passes until
@@ -374,10 +390,27 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         s.error = None;
     });
     show(plan, m, false).await;
+    let why = match m.published.load(Ordering::SeqCst) {
+        true => "a pod of it runs there now",
+        false => "a pre-copy asked by label relay.csi.dev/pre-copy-to",
+    };
+    tell(
+        plan,
+        &COPYING,
+        &format!(
+            "copying volume {} from member cluster {} to member cluster {} ({why}); the pod starts once a pass verifies the copy",
+            plan.volume_id,
+            plan.from.name(),
+            m.to
+        ),
+    )
+    .await;
     loop {
         let epoch = m.epoch.load(Ordering::SeqCst);
         let quiet = !source_in_use(plan).await.map_err(e)?;
+        move_stall::progressed(&plan.volume_id);
         let mut progress = |done: u64, total: u64, sent: u64| {
+            move_stall::progressed(&plan.volume_id);
             set(m, |s| {
                 s.done = done;
                 s.total = total;
@@ -400,7 +433,22 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         });
         show(plan, m, true).await;
         if serves {
+            // Waiting for the attach is no stall.
+            move_stall::settled(&plan.volume_id);
             m.verified.notify_waiters();
+            tell(
+                plan,
+                &VERIFIED,
+                &format!(
+                    "pass {} verified the copy in member cluster {} ({} of {} sent in {:.1} s); the volume switches there at the next attach",
+                    lock(&m.status).passes,
+                    m.to,
+                    mib(report.sent),
+                    mib(report.total),
+                    report.seconds
+                ),
+            )
+            .await;
             if let Some((host, pv)) = &plan.host {
                 nudge_attacher(host, pv, plan.to.name()).await;
             }
