@@ -134,7 +134,12 @@ mod tests {
         let (host, mut api) = testing::host();
         let claim = ("shop".to_string(), "data".to_string());
         let ((), ()) = tokio::join!(
-            tell(&host, &claim, &RETRYING, "moving to member cluster west: no space"),
+            tell(
+                &host,
+                &claim,
+                &RETRYING,
+                "moving to member cluster west: no space"
+            ),
             async {
                 api.expect("GET", "/api/v1/namespaces/shop/persistentvolumeclaims/data")
                     .await
@@ -146,7 +151,10 @@ mod tests {
                 assert_eq!(event.body["type"], "Warning");
                 assert_eq!(event.body["reason"], "MoveRetrying");
                 assert_eq!(event.body["action"], "MoveVolume");
-                assert_eq!(event.body["note"], "moving to member cluster west: no space");
+                assert_eq!(
+                    event.body["note"],
+                    "moving to member cluster west: no space"
+                );
                 assert_eq!(event.body["regarding"]["uid"], "host-uid");
                 event.created();
             }

@@ -83,9 +83,14 @@ mod tests {
         progressed(id);
         let collector = StallCollector::new().unwrap();
         // Another test's move may be in the map too: only ours is judged.
-        lock(moves()).insert(id.into(), Instant::now() - std::time::Duration::from_secs(700));
+        lock(moves()).insert(
+            id.into(),
+            Instant::now() - std::time::Duration::from_secs(700),
+        );
         assert!(stalled_seconds() >= 700);
-        let shown = collector.collect()[0].get_metric()[0].get_gauge().get_value();
+        let shown = collector.collect()[0].get_metric()[0]
+            .get_gauge()
+            .get_value();
         assert!(shown >= 700.0, "{shown}");
         settled(id);
         assert!(lock(moves()).get(id).is_none());

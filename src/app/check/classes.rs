@@ -1,5 +1,6 @@
 //! The driver's StorageClasses: parameters valid, the member they name
-//! configured and answering, its `memberStorageClass` there.
+//! configured and answering, its `memberStorageClass` there (for classes
+//! whose volumes move, `movable`).
 
 use std::collections::HashMap;
 
@@ -14,7 +15,13 @@ use crate::domain::sharing::Sharing;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming;
 
-pub async fn check(clusters: &Clusters, driver: &str) -> Vec<Finding> {
+/// `mover`: the controller's `--mover-image`, which classes whose volumes
+/// move need (`movable`).
+pub async fn check(
+    clusters: &Clusters,
+    driver: &str,
+    mover: &Result<Option<String>, String>,
+) -> Vec<Finding> {
     let host = &clusters.host;
     let list = match host
         .run(
@@ -42,12 +49,17 @@ pub async fn check(clusters: &Clusters, driver: &str) -> Vec<Finding> {
     for class in ours {
         let name = class.metadata.name.clone().unwrap_or_default();
         let subject = format!("StorageClass {name}");
-        out.push(check_class(clusters, &subject, &class).await);
+        out.push(check_class(clusters, &subject, &class, mover).await);
     }
     out
 }
 
-async fn check_class(clusters: &Clusters, subject: &str, class: &StorageClass) -> Finding {
+async fn check_class(
+    clusters: &Clusters,
+    subject: &str,
+    class: &StorageClass,
+    mover: &Result<Option<String>, String>,
+) -> Finding {
     let map: HashMap<String, String> = class
         .parameters
         .clone()
@@ -86,6 +98,9 @@ async fn check_class(clusters: &Clusters, subject: &str, class: &StorageClass) -
     match Sharing::of(&p) {
         Err(why) => {
             return Finding::problem("class", subject, why, "fix sharedWith and sharedPaths")
+        }
+        Ok(Some(sharing)) if sharing.moves() => {
+            return super::movable::check(clusters, subject, &sharing, mover).await
         }
         Ok(Some(sharing)) => {
             if let Some(problem) = check_sharing(clusters, subject, &p, &sharing).await {

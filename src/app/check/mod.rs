@@ -15,6 +15,7 @@ mod bindings;
 mod classes;
 mod crd;
 mod gates;
+mod movable;
 mod nodes;
 mod replicas;
 mod report;
@@ -130,7 +131,8 @@ async fn check(args: &CheckArgs) -> Result<Vec<Finding>, String> {
     );
     findings.extend(gates::check(&clusters, &args.namespace, &args.controller_selector).await);
     findings.extend(access::check(&clusters, &args.namespace).await);
-    findings.extend(classes::check(&clusters, &args.driver_name).await);
+    let mover = movable::mover_image(&clusters, &args.namespace, &args.controller_selector).await;
+    findings.extend(classes::check(&clusters, &args.driver_name, &mover).await);
     findings.extend(nodes::check(&clusters, args).await);
     findings.extend(volumes::check(&clusters, args.stuck_after).await);
     Ok(findings)

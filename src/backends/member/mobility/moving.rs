@@ -254,7 +254,12 @@ async fn run(plan: Plan, m: Arc<Move>) {
             Err(e) => {
                 tracing::warn!(volume_id = %plan.volume_id, to = %m.to, error = %e, "move: attempt failed; retrying");
                 crate::rt::metrics::move_failure(plan.from.name(), &m.to);
-                tell(&plan, &RETRYING, &format!("moving to member cluster {}: {e}; retried", m.to)).await;
+                tell(
+                    &plan,
+                    &RETRYING,
+                    &format!("moving to member cluster {}: {e}; retried", m.to),
+                )
+                .await;
                 set(&m, |s| {
                     s.error = Some(e);
                     s.phase = "Retrying";
