@@ -234,7 +234,7 @@ pub async fn build_parts(args: &ServeArgs) -> Result<(Driver, Option<LeaderWork>
                     // After the rebuild: the fence judges pods by the
                     // volumes the store holds.
                     for cluster in fences {
-                        crate::backends::member::lost_member_fence::spawn(
+                        crate::backends::member::mobility::lost_member_fence::spawn(
                             cluster,
                             driver.store.clone(),
                         );

@@ -15,7 +15,6 @@
 //! Every API call is bounded by [`crate::k8s::CALL_TIMEOUT`]; an unreachable cluster is
 //! UNAVAILABLE naming it, never a hang.
 
-pub mod access;
 pub mod attach;
 pub mod backend;
 pub mod capacity;
@@ -23,8 +22,6 @@ pub mod claim_bound;
 pub mod claim_copy;
 pub mod claim_create;
 pub mod group_snapshot;
-pub mod import;
-pub mod lost_member_fence;
 pub mod mobility;
 pub mod namespace;
 pub mod pvc;

@@ -510,14 +510,18 @@ async fn source_in_use(plan: &Plan) -> CsiResult<bool> {
         crate::backends::member::pvc::get(&plan.from, &plan.access.namespace, &plan.access.pvc)
             .await?;
     Ok(found.is_some_and(|c| {
-        crate::backends::member::import::is_access_claim(&c, &plan.access, &plan.volume_id)
+        crate::backends::member::mobility::import::is_access_claim(
+            &c,
+            &plan.access,
+            &plan.volume_id,
+        )
     }))
 }
 
 /// The node of a pod using the access claim: a claim one node at a time
 /// may mount is read there.
 async fn node_of_users(c: &Cluster, access: &MemberVolume) -> CsiResult<Option<String>> {
-    let pods: Vec<Pod> = crate::backends::member::import::pods_using(c, access).await?;
+    let pods: Vec<Pod> = crate::backends::member::mobility::import::pods_using(c, access).await?;
     Ok(pods
         .into_iter()
         .find_map(|p| p.spec.and_then(|s| s.node_name)))
@@ -621,7 +625,7 @@ pub fn old_data_claim(data: &MemberVolume, from: &str) -> MemberVolume {
 /// Whether a pod ran on the volume in `to` (its access claim has a
 /// running user there).
 pub async fn served_in(to: &Cluster, access: &MemberVolume) -> CsiResult<bool> {
-    let pods = crate::backends::member::import::pods_using(to, access).await?;
+    let pods = crate::backends::member::mobility::import::pods_using(to, access).await?;
     Ok(pods
         .iter()
         .any(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")))

@@ -58,7 +58,7 @@ fn cap(mode: AccessMode) -> Capability {
 
 /// A shared volume as made before gating (`access`): its origin claim
 /// under the host claim's name, which these tests cover; gated volumes
-/// are `backend_access_tests`'.
+/// are `access_tests`'.
 fn shared_volume(b: &MemberBackend, mode: AccessMode) -> Volume {
     let mut vol = placed_volume(b, mode);
     if let Backing::Member { pvc, .. } = &mut vol.backing {
@@ -834,11 +834,11 @@ async fn an_import_replaces_a_kosmos_copy_that_inherited_the_relays_marks() {
     assert_eq!(ctx[source::MEMBER], "west");
 }
 
-#[path = "backend_access_tests.rs"]
+#[path = "access_tests.rs"]
 mod gated;
 
-#[path = "mobility/home_tests.rs"]
+#[path = "home_tests.rs"]
 mod moves;
 
-#[path = "backend_crash_tests.rs"]
+#[path = "imports_crash_tests.rs"]
 mod crash;

@@ -354,5 +354,5 @@ impl MemberBackend {
 }
 
 #[cfg(test)]
-#[path = "backend_imports_tests.rs"]
+#[path = "imports_tests.rs"]
 mod tests;

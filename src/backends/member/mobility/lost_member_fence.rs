@@ -25,7 +25,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Preconditions};
 
-use crate::backends::member::{access, import, pvc};
+use crate::backends::member::mobility::{access, import};
+use crate::backends::member::pvc;
 use crate::domain::error::{CsiError, CsiResult};
 use crate::domain::params;
 use crate::domain::sharing::Sharing;
