@@ -105,10 +105,29 @@ async fn round(d: &Driver, host: &Cluster, kept: &Asked) -> Asked {
     next
 }
 
+/// Every volume of a class whose volumes move, as kept by no member.
+async fn movable(d: &Driver) -> Asked {
+    match d.store.all_volumes().await {
+        Ok(all) => all
+            .into_iter()
+            .filter(|v| v.parameters.contains_key("movableBetween"))
+            .map(|v| (v.id, String::new()))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "pre-copy: the store's volumes not read; movers an earlier leader left stay until their volume moves or goes");
+            Asked::new()
+        }
+    }
+}
+
 /// Rounds every `EVERY` until the process ends (the leader's).
 pub fn spawn(d: Driver, host: Cluster) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut kept = Asked::new();
+        // A new leader knows none of the pre-copies an old one kept: every
+        // movable volume counts as kept at first, so that one no longer
+        // asked has its movers removed (`Backend::pre_copy` with `None`
+        // removes them where this process runs no move of the volume).
+        let mut kept = movable(&d).await;
         let mut tick = tokio::time::interval(EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -162,12 +162,17 @@ impl MemberBackend {
             .ok_or_else(not_movable)?;
         let home = MemberVolume::of(vol)?;
         let Some(to) = to else {
-            if self.moves.stop_pre_copy(&vol.id) {
+            // Ours, or no move of it here at all: movers left by another
+            // leader's pre-copy, which this one never knew.
+            let ours = self.moves.stop_pre_copy(&vol.id);
+            if ours || self.moves.status(&vol.id).is_none() {
                 for member in sharing.members().filter(|m| !self.is_lost(m)) {
                     mover_pod::remove_all(self.cluster(member)?, &home.uuid, &home.namespace)
                         .await?;
                 }
-                tracing::info!(volume_id = %vol.id, "pre-copy no longer asked: its movers removed");
+                if ours {
+                    tracing::info!(volume_id = %vol.id, "pre-copy no longer asked: its movers removed");
+                }
             }
             return Ok(());
         };
