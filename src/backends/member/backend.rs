@@ -1321,6 +1321,7 @@ impl Backend for MemberBackend {
                     let claim = gate.unwrap_or_else(|| origin.clone());
                     let at = MemberVolume {
                         member,
+                        claim_uid: None,
                         ..claim.clone()
                     };
                     self.detach_in(vol, node_id, &at, context).await?;

@@ -55,8 +55,11 @@ pub fn claim_of(params: &VolumeParams, origin: &MemberVolume) -> Option<MemberVo
     let gated = (params.shared_with.is_some() || params.movable_between.is_some())
         && origin.pvc == naming::pvc_name(&origin.uuid)
         && host != origin.pvc;
+    // Another claim than the recorded one: known by the import PV it is
+    // bound to, not by the data claim's uid.
     gated.then(|| MemberVolume {
         pvc: host.to_string(),
+        claim_uid: None,
         ..origin.clone()
     })
 }
@@ -209,6 +212,15 @@ mod tests {
             ),
             ("east", "shop", "data")
         );
+        // The access claim is another object than the recorded data claim:
+        // the data claim's uid never judges it (an import is known by the
+        // PV it is bound to).
+        let recorded = MemberVolume {
+            claim_uid: Some("uid-data".into()),
+            ..origin(&data)
+        };
+        let got = claim_of(&params(true, Some("data")), &recorded).unwrap();
+        assert_eq!(got.claim_uid, None);
         // Made before gating: the origin claim holds the host claim's name.
         assert!(claim_of(&params(true, Some("data")), &origin("data")).is_none());
         // Not shared, or no host claim name known.

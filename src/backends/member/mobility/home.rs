@@ -297,6 +297,7 @@ impl MemberBackend {
             home.clone(),
             MemberVolume {
                 member: here.to_string(),
+                claim_uid: None,
                 ..access.clone()
             },
             vol.id.clone(),

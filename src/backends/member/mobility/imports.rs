@@ -89,8 +89,10 @@ impl MemberBackend {
         }
         self.import_into(vol, origin, &claim, sharing, &here)
             .await?;
+        // The import in `here`: not the claim of the recorded uid.
         Ok(MemberVolume {
             member: here,
+            claim_uid: None,
             ..claim
         })
     }
