@@ -189,7 +189,7 @@ fn baseline(group: &str, resource: &str) -> bool {
     )
 }
 
-async fn holds(cluster: &Cluster, right: &Right) -> Result<bool, String> {
+pub(super) async fn holds(cluster: &Cluster, right: &Right) -> Result<bool, String> {
     let review = SelfSubjectAccessReview {
         spec: SelfSubjectAccessReviewSpec {
             resource_attributes: Some(right.attributes()),

@@ -7,12 +7,9 @@
 //! rights refuses the movers, and a controller without the image refuses
 //! the move outright. All are found here rather than when a pod waits.
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 
 use super::report::{Clusters, Finding};
 use crate::domain::sharing::Sharing;
@@ -170,28 +167,17 @@ async fn holds(
     subresource: Option<&str>,
     verb: &str,
 ) -> Result<bool, String> {
-    let review = SelfSubjectAccessReview {
-        spec: SelfSubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                group: Some(String::new()),
-                resource: Some(resource.into()),
-                subresource: subresource.map(str::to_string),
-                verb: Some(verb.into()),
-                ..Default::default()
-            }),
-            ..Default::default()
+    let right = super::access::Right {
+        group: String::new(),
+        resource: match subresource {
+            Some(sub) => format!("{resource}/{sub}"),
+            None => resource.to_string(),
         },
-        ..Default::default()
+        verb: verb.to_string(),
+        name: "*".into(),
+        namespace: "*".into(),
     };
-    let api = Api::<SelfSubjectAccessReview>::all(cluster.client());
-    cluster
-        .run(
-            "create SelfSubjectAccessReview",
-            api.create(&PostParams::default(), &review),
-        )
-        .await
-        .map(|r| r.status.is_some_and(|s| s.allowed))
-        .map_err(|e| e.to_string())
+    super::access::holds(cluster, &right).await
 }
 
 #[cfg(test)]
