@@ -27,7 +27,15 @@ fn moves() -> &'static Mutex<HashMap<String, Instant>> {
 
 /// The move of `volume_id` made progress (or started).
 pub fn progressed(volume_id: &str) {
-    lock(moves()).insert(volume_id.to_string(), Instant::now());
+    // Called for every message a pass moves: no allocation once known.
+    let now = Instant::now();
+    let mut map = lock(moves());
+    match map.get_mut(volume_id) {
+        Some(at) => *at = now,
+        None => {
+            map.insert(volume_id.to_string(), now);
+        }
+    }
 }
 
 /// The move of `volume_id` waits on no copy: verified, or over.
