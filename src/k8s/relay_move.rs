@@ -121,6 +121,12 @@ pub const MOVED: Step = Step {
     reason: "Moved",
     warning: false,
 };
+/// A pod of the volume runs in its own member again: the move it had
+/// asked for stopped, the volume never left.
+pub const STOPPED: Step = Step {
+    reason: "MoveStopped",
+    warning: false,
+};
 
 #[cfg(test)]
 mod tests {

@@ -168,8 +168,9 @@ pub struct RelayMoveStatus {
     /// The member it goes to.
     pub to: String,
     /// Preparing, StartingMovers, Copying, Syncing (the source may still
-    /// change: passes repeat), Verified (a pass may serve), Retrying, or
-    /// Moved (the volume's home is now `to`).
+    /// change: passes repeat), Verified (a pass may serve), Retrying,
+    /// Moved (the volume's home is now `to`), or Stopped (a pod of it runs
+    /// in `from` again: the volume stayed there).
     pub phase: String,
     /// Passes made.
     pub passes: u32,

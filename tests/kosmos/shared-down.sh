@@ -28,13 +28,19 @@ mkdir -p "$S/logs"
 rc=0
 
 # ---- member2: its own class's volumes, torn down while its node and provisioner run
+# (its hostpath driver's too: their loop devices go with them).
 if [[ -d $S/m2lab ]] && km2 get --raw /readyz > /dev/null 2>&1; then
-  own() { km2 get "$1" -A -o jsonpath='{range .items[?(@.spec.storageClassName=="m2-local-path")]}{.metadata.namespace}{"/"}{.metadata.name}{"\n"}{end}' 2>/dev/null; }
-  for c in $(own pvc); do km2 -n "${c%/*}" delete pvc "${c#*/}" --wait=false > /dev/null 2>&1; done
-  # shellcheck disable=SC2317 # called by waitfor
-  no_own_pvs() { [[ -z "$(own pv)" ]]; }
-  waitfor 60 "member2's PVs of class m2-local-path deleted" no_own_pvs || rc=1
-  km2 delete storageclass m2-local-path --ignore-not-found > /dev/null 2>&1
+  own() { # own KIND CLASS
+    km2 get "$1" -A -o jsonpath='{range .items[?(@.spec.storageClassName=="'"$2"'")]}{.metadata.namespace}{"/"}{.metadata.name}{"\n"}{end}' 2>/dev/null
+  }
+  for class in m2-local-path m2-hostpath m2-hostpath-wffc; do
+    for c in $(own pvc $class); do km2 -n "${c%/*}" delete pvc "${c#*/}" --wait=false > /dev/null 2>&1; done
+    # shellcheck disable=SC2317 # called by waitfor
+    no_own_pvs() { [[ -z "$(own pv "$class")" ]]; }
+    waitfor 60 "member2's PVs of class $class deleted" no_own_pvs || rc=1
+    km2 delete storageclass $class --ignore-not-found > /dev/null 2>&1
+  done
+  km2 delete csidriver hostpath.m2.csi.k8s.io --ignore-not-found > /dev/null 2>&1
   km2 delete namespace relay-m2-local --wait=false --ignore-not-found > /dev/null 2>&1
 fi
 

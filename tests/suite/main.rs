@@ -41,6 +41,7 @@ mod member_classes_e2e;
 mod member_e2e;
 mod member_provisioning_e2e;
 mod member_scale_e2e;
+mod mobility_block_e2e;
 mod mobility_e2e;
 mod monitoring;
 mod node_lifecycle;

@@ -28,7 +28,9 @@
 //! - **Delete:** nothing of the volume in the host, in either member, or
 //!   in either member's directory.
 //!
-//! Run by `global_storage_e2e` at its end, in the same environment.
+//! Then `mobility_block_e2e` (block volumes, a member too small) with the
+//! same relay. Run by `global_storage_e2e` at its end, in the same
+//! environment.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -132,7 +134,7 @@ async fn data_dir(member: &Client, ns: &str) -> PathBuf {
 }
 
 /// The relay's claims of `ns` in a member, by name.
-async fn relay_claims(member: &Client, ns: &str) -> Vec<String> {
+pub(crate) async fn relay_claims(member: &Client, ns: &str) -> Vec<String> {
     Api::<PersistentVolumeClaim>::namespaced(member.clone(), ns)
         .list(&ListParams::default().labels("app.kubernetes.io/managed-by=csi-relay"))
         .await
@@ -146,7 +148,7 @@ async fn relay_claims(member: &Client, ns: &str) -> Vec<String> {
 }
 
 /// Whether a member still holds movers or their Secrets in `ns`.
-async fn movers_left(member: &Client, ns: &str) -> usize {
+pub(crate) async fn movers_left(member: &Client, ns: &str) -> usize {
     let lp = ListParams::default().labels("relay.csi.dev/mover");
     let pods = Api::<Pod>::namespaced(member.clone(), ns)
         .list(&lp)
@@ -163,7 +165,7 @@ async fn movers_left(member: &Client, ns: &str) -> usize {
 
 /// The controller's "move: pass done" lines: (total, sent, wire, seconds,
 /// verified) of each pass.
-fn passes(log: &str) -> Vec<(u64, u64, u64, f64, bool)> {
+pub(crate) fn passes(log: &str) -> Vec<(u64, u64, u64, f64, bool)> {
     log.lines()
         .filter(|l| l.contains("move: pass done"))
         .filter_map(|l| {
@@ -550,6 +552,9 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
     // ---- Delete: nothing left anywhere.
     ctx.delete_and_check_nothing_left(&ns, [dir1, dir2]).await;
     let _ = classes.delete(CLASS, &DeleteParams::default()).await;
+
+    // ---- Block volumes and a member too small, on CSI storage.
+    crate::mobility_block_e2e::run(kosmos, ctx, &|| relay.controller.log()).await;
     drop(relay);
 }
 

@@ -48,8 +48,13 @@ impl MemberBackend {
             _ => return Ok(None),
         };
         if here == home.member {
-            // A publish where the volume is: no pass begun before it serves.
+            // A publish where the volume is: no pass begun before it serves,
+            // and a move a pod elsewhere asked for (refused, or not yet
+            // verified) is over: its pod came back.
             self.moves.interrupt(&vol.id);
+            if let Some((to, last)) = self.moves.abandon(&vol.id) {
+                self.stay_home(vol, &params, &home, &to, last);
+            }
             return Ok(None);
         }
         let moving = |why: String| {
@@ -120,8 +125,8 @@ impl MemberBackend {
             let id = vol.id.clone();
             let claim = params.pvc_namespace.clone().zip(params.pvc_name.clone());
             let note = format!(
-                "volume {id} now lives in member cluster {here}, moved from {} in {seconds:.1} s",
-                home.member
+                "volume {id} now lives in member cluster {here}, moved from {} in {seconds:.1} s; its snapshots, if any, stay in {}, where volumes restored from them are made",
+                home.member, home.member
             );
             tokio::spawn(async move {
                 crate::k8s::relay_move::report(&host, &id, &shown).await;
@@ -330,6 +335,85 @@ impl MemberBackend {
                     return;
                 }
                 tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+    }
+
+    /// A move given up because a pod of the volume runs in its own member
+    /// again: the volume never left. Its movers go from both members, and
+    /// the copy's claim in `to` goes when it never got storage (Pending: a
+    /// class or a size that member refuses); a Bound copy stays, so that a
+    /// later move sends only what changed (DeleteVolume removes it). A
+    /// new move of the volume started meanwhile keeps what it finds.
+    fn stay_home(
+        &self,
+        vol: &Volume,
+        params: &VolumeParams,
+        home: &MemberVolume,
+        to: &str,
+        last: moving::Status,
+    ) {
+        let (Ok(from), Ok(target)) = (self.cluster(&home.member), self.cluster(to)) else {
+            return;
+        };
+        let (from, target, home, id) = (from.clone(), target.clone(), home.clone(), vol.id.clone());
+        let (to, moves, host) = (to.to_string(), self.moves.clone(), self.host.clone());
+        let claim = params.pvc_namespace.clone().zip(params.pvc_name.clone());
+        tokio::spawn(async move {
+            let copy = MemberVolume {
+                member: to.clone(),
+                selected_node: None,
+                claim_uid: None,
+                ..home.clone()
+            };
+            let mut left = Vec::new();
+            for c in [&from, &target] {
+                if moves.status(&id).is_some() {
+                    return;
+                }
+                if let Err(e) = mover_pod::remove_all(c, &home.uuid, &home.namespace).await {
+                    left.push(format!("{}: movers left: {e}", c.label()));
+                }
+            }
+            let unbound = match pvc::get(&target, &copy.namespace, &copy.pvc).await {
+                Ok(Some(c)) => pvc::belongs_to(&c, &id) && pvc::phase(&c) != "Bound",
+                Ok(None) => false,
+                Err(e) => {
+                    left.push(format!(
+                        "{}: the copy's claim not read: {e}",
+                        target.label()
+                    ));
+                    false
+                }
+            };
+            let mut kept = "its copy there is kept for a later move";
+            if unbound && moves.status(&id).is_none() {
+                kept = "its copy's claim there, never provisioned, deleted";
+                if let Err(e) = pvc::delete(&target, &copy, &id).await {
+                    left.push(format!("{}: the copy's claim left: {e}", target.label()));
+                }
+            }
+            let note = format!(
+                "volume {id} stays in member cluster {}: a pod of it runs there again, so its move to member cluster {to} stopped ({}); {kept}{}",
+                home.member,
+                moving::describe(&last),
+                if left.is_empty() { String::new() } else { format!("; DeleteVolume or the next move clears: {}", left.join("; ")) }
+            );
+            tracing::info!(volume_id = %id, from = %home.member, to = %to, "{note}");
+            if let Some(host) = host {
+                let mut shown = moving::move_status(&home.member, &last, None);
+                shown.phase = "Stopped".into();
+                shown.message = Some(note.clone());
+                crate::k8s::relay_move::report(&host, &id, &shown).await;
+                if let Some(claim) = claim {
+                    crate::k8s::relay_move::tell(
+                        &host,
+                        &claim,
+                        &crate::k8s::relay_move::STOPPED,
+                        &note,
+                    )
+                    .await;
+                }
             }
         });
     }

@@ -169,6 +169,26 @@ impl Moves {
         map.get(volume_id).map(|m| lock(&m.status).clone())
     }
 
+    /// A pod of the volume is published in its own member again: a move
+    /// only a publish elsewhere wanted is no longer wanted, and stops; the
+    /// member it was going to, and its last status. A pre-copy stays (its
+    /// label still asks; a later move sends only what changed).
+    pub fn abandon(&self, volume_id: &str) -> Option<(String, Status)> {
+        let mut map = lock(&self.map);
+        let m = map.get(volume_id)?;
+        if !m.published.load(Ordering::SeqCst) {
+            return None;
+        }
+        if let Some(t) = lock(&m.task).take() {
+            t.abort();
+        }
+        let status = lock(&m.status).clone();
+        let to = m.to.clone();
+        map.remove(volume_id);
+        move_stall::settled(volume_id);
+        Some((to, status))
+    }
+
     /// A publish in the volume's own member: no pass that began before
     /// it may serve.
     pub fn interrupt(&self, volume_id: &str) {
@@ -373,6 +393,9 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
                 Some(p) => {
                     if let Err(w) = mover_pod::running(&p, &plan.uuid) {
                         waiting.push(format!("{}: mover pod {ns}/{name} {w}", c.label()));
+                        if role == Role::Target {
+                            waiting.extend(target_claim_waits(plan).await);
+                        }
                     }
                 }
                 None => waiting.push(format!("{}: mover pod {ns}/{name} is gone", c.label())),
@@ -501,6 +524,26 @@ async fn ensure_target_claim(plan: &Plan) -> CsiResult<()> {
             Ok(())
         }
     }
+}
+
+/// Why the target's data claim keeps its mover from starting, when it is
+/// not Bound: what its member said of it (its provisioner's last warning:
+/// no space, a size its class refuses, no such class).
+async fn target_claim_waits(plan: &Plan) -> Option<String> {
+    let found = crate::backends::member::pvc::get(&plan.to, &plan.data.namespace, &plan.data.pvc)
+        .await
+        .ok()??;
+    let phase = crate::backends::member::pvc::phase(&found);
+    if phase == "Bound" {
+        return None;
+    }
+    let said = crate::backends::member::claim_bound::last_warning(&plan.to, &found).await;
+    Some(format!(
+        "{}: the copy's PersistentVolumeClaim {} is {phase}{}",
+        plan.to.label(),
+        plan.data.pvc_path(),
+        said.map_or_else(String::new, |s| format!(": the member says {s}"))
+    ))
 }
 
 /// Whether a pod in the source member may write the volume now: its
@@ -722,6 +765,23 @@ mod tests {
         // A pod landed in west meanwhile: the move goes on.
         registered(&moves, "vol-2", "west");
         assert!(!moves.stop_pre_copy("vol-2"));
+        assert!(moves.status("vol-2").is_some());
+    }
+
+    #[test]
+    fn a_pod_back_home_ends_the_move_a_publish_wanted_but_not_a_pre_copy() {
+        let moves = Moves::default();
+        let m = registered(&moves, "vol-1", "west");
+        lock(&m.status).passes = 3;
+        let (to, last) = moves.abandon("vol-1").expect("a move a publish wanted");
+        assert_eq!((to.as_str(), last.passes), ("west", 3));
+        assert!(moves.status("vol-1").is_none(), "the move is over");
+        assert!(!moves.verified("vol-1", "west"));
+        assert!(moves.abandon("vol-1").is_none(), "nothing left to end");
+        // Only a pre-copy asked: its label still does, the passes go on.
+        let m = registered(&moves, "vol-2", "west");
+        m.published.store(false, Ordering::SeqCst);
+        assert!(moves.abandon("vol-2").is_none());
         assert!(moves.status("vol-2").is_some());
     }
 
