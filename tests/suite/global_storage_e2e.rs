@@ -473,30 +473,49 @@ impl Ctx {
             .await
             .expect("delete host PVC");
         let host_pvc = format!("{ns}/data");
-        eventually(&format!("nothing left of {host_pvc}"), WAIT, || async {
-            let claimed_in = |pvs: Vec<PersistentVolume>| {
-                pvs.iter().any(|pv| {
-                    pv.spec
-                        .as_ref()
-                        .and_then(|s| s.claim_ref.as_ref())
-                        .is_some_and(|c| c.namespace.as_deref() == Some(ns))
-                })
-            };
-            let mut left = false;
-            for cluster in [&self.host, &self.member1, &self.member2] {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let mut left = Vec::new();
+            let clusters = [
+                ("host", &self.host),
+                ("member1", &self.member1),
+                ("member2", &self.member2),
+            ];
+            for (name, cluster) in clusters {
                 let pvs = Api::<PersistentVolume>::all(cluster.clone())
                     .list(&ListParams::default())
                     .await
-                    .ok()?;
-                let claim = Api::<PersistentVolumeClaim>::namespaced(cluster.clone(), ns)
+                    .map(|l| l.items)
+                    .unwrap_or_default();
+                for pv in pvs {
+                    let claimed = pv
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .is_some_and(|c| c.namespace.as_deref() == Some(ns));
+                    if claimed {
+                        let phase = pv.status.and_then(|s| s.phase).unwrap_or_default();
+                        let name_ = pv.metadata.name.unwrap_or_default();
+                        left.push(format!("{name}: PersistentVolume {name_} ({phase})"));
+                    }
+                }
+                if let Ok(Some(_)) = Api::<PersistentVolumeClaim>::namespaced(cluster.clone(), ns)
                     .get_opt("data")
                     .await
-                    .ok()?;
-                left |= claimed_in(pvs.items) || claim.is_some();
+                {
+                    left.push(format!("{name}: PersistentVolumeClaim {ns}/data"));
+                }
             }
-            (!left).then_some(())
-        })
-        .await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for nothing left of {host_pvc}: {}",
+                left.join("; ")
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
         for dir in dirs {
             eventually(&format!("{} removed", dir.display()), WAIT, || async {
                 (!dir.exists()).then_some(())

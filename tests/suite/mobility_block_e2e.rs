@@ -274,8 +274,44 @@ async fn move_phase(
     .await
 }
 
+/// On a failure, what each member's hostpath driver and provisioner said
+/// last of the volumes (their errors and deletes).
+struct DriverLogsOnFailure(Vec<PathBuf>);
+
+impl Drop for DriverLogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for path in &self.0 {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let said: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("rror") || l.contains("DeleteVolume") || l.contains("elet"))
+                .collect();
+            eprintln!("--- {} (last of its errors and deletes):", path.display());
+            for l in &said[said.len().saturating_sub(15)..] {
+                eprintln!("{}", &l[..l.len().min(400)]);
+            }
+        }
+    }
+}
+
 pub(crate) async fn run(kosmos: &ScriptedEnv, ctx: &Ctx, log: &dyn Fn() -> String) {
     let run = kosmos.run.path();
+    let _logs = DriverLogsOnFailure(
+        ["lab/logs", "shared/m2lab/logs"]
+            .iter()
+            .flat_map(|d| {
+                [
+                    "csi-hostpath.log",
+                    "csi-provisioner.log",
+                    "csi-attacher.log",
+                ]
+                .map(|f| run.join(d).join(f))
+            })
+            .collect(),
+    );
     let state1 = run.join("lab/csi/hostpath-state");
     let state2 = run.join("shared/m2lab/csi/hostpath-state");
     let classes: Api<StorageClass> = Api::all(ctx.host.clone());
