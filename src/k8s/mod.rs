@@ -1,6 +1,6 @@
 //! The Kubernetes API: one bounded way to call a cluster (`cluster`), its
 //! errors as CSI errors (`error`), bounded waits for one object
-//! (`converge`), the names of what the relay creates
+//! (`converge`), a pod's port through its API server (`port_forward`), the names of what the relay creates
 //! (`naming`), the `RelayVolume` resource and its writers (`relay_volume`,
 //! `mirror`, `relay_summary`), what member clusters report of the relay's
 //! volumes (`observation`) and of claims they cannot provision
@@ -19,6 +19,7 @@ pub mod name_set;
 pub mod naming;
 pub mod nodes;
 pub mod observation;
+pub mod port_forward;
 pub mod registrar;
 pub mod relay_move;
 pub mod relay_summary;

@@ -95,7 +95,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
             io,
             noise,
             inbox: Vec::new(),
-            buf,
+            // A frame's 2-byte length, then the frame.
+            buf: vec![0u8; NOISE_MAX + 2],
         })
     }
 
@@ -111,11 +112,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Channel<S> {
         plain.extend_from_slice(&(body.len() as u32).to_be_bytes());
         plain.extend_from_slice(&body);
         for piece in plain.chunks(PLAIN_MAX) {
+            // The frame's length goes before it in one write: one segment
+            // (or port-forward message) a frame, not two.
             let n = self
                 .noise
-                .write_message(piece, &mut self.buf)
+                .write_message(piece, &mut self.buf[2..])
                 .map_err(|e| ChannelError::Crypto(e.to_string()))?;
-            write_frame(&mut self.io, &self.buf[..n]).await?;
+            self.buf[..2].copy_from_slice(&(n as u16).to_be_bytes());
+            self.io.write_all(&self.buf[..n + 2]).await?;
         }
         self.io.flush().await?;
         Ok(())

@@ -30,6 +30,7 @@ use super::pass::{self, PassReport};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::MemberVolume;
+use crate::k8s::port_forward::{self, PortStream};
 use crate::k8s::relay_move::{Step, COPYING, RETRYING, VERIFIED};
 use crate::k8s::relay_volume::RelayMoveStatus;
 use crate::rt::move_stall;
@@ -410,9 +411,8 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         set(m, |s| s.error = Some(waiting.join("; ")));
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let (_sf, mut source) =
-        connect(&plan.from, ns, &plan.uuid, Role::Source, &key, &move_id).await?;
-    let (_tf, mut target) = connect(&plan.to, ns, &plan.uuid, Role::Target, &key, &move_id).await?;
+    let mut source = connect(&plan.from, ns, &plan.uuid, Role::Source, &key, &move_id).await?;
+    let mut target = connect(&plan.to, ns, &plan.uuid, Role::Target, &key, &move_id).await?;
     set(m, |s| {
         s.phase = "Copying";
         s.error = None;
@@ -571,7 +571,7 @@ async fn node_of_users(c: &Cluster, access: &MemberVolume) -> CsiResult<Option<S
 }
 
 /// A session with a mover through a port-forward of its member's API
-/// server. The forwarder is kept alive with the stream.
+/// server.
 async fn connect(
     c: &Cluster,
     ns: &str,
@@ -579,35 +579,23 @@ async fn connect(
     role: Role,
     key: &[u8; KEY_LEN],
     move_id: &str,
-) -> Result<
-    (
-        kube::api::Portforwarder,
-        Channel<impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>,
-    ),
-    String,
-> {
+) -> Result<Channel<PortStream>, String> {
     let name = mover_pod::pod_name(uuid, role);
-    let pods = Api::<Pod>::namespaced(c.stream_client(), ns);
     let what = format!("{}: port-forward to mover pod {ns}/{name}", c.label());
     let mut last = String::new();
     for _ in 0..10 {
-        let mut pf =
-            match tokio::time::timeout(Duration::from_secs(10), pods.portforward(&name, &[PORT]))
-                .await
-            {
-                Ok(Ok(pf)) => pf,
-                Ok(Err(e)) => {
-                    last = format!("{what}: {e}");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-                Err(_) => {
-                    last = format!("{what}: no answer in 10 s");
-                    continue;
-                }
-            };
-        let Some(stream) = pf.take_stream(PORT) else {
-            return Err(format!("{what}: no stream for port {PORT}"));
+        let opened = port_forward::open(c.stream_client(), ns, &name, PORT);
+        let stream = match tokio::time::timeout(Duration::from_secs(10), opened).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => {
+                last = format!("{what}: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(_) => {
+                last = format!("{what}: no answer in 10 s");
+                continue;
+            }
         };
         match tokio::time::timeout(
             Duration::from_secs(20),
@@ -615,7 +603,7 @@ async fn connect(
         )
         .await
         {
-            Ok(Ok(ch)) => return Ok((pf, ch)),
+            Ok(Ok(ch)) => return Ok(ch),
             Ok(Err(e)) => last = format!("{what}: {e}"),
             Err(_) => last = format!("{what}: no handshake in 20 s"),
         }
