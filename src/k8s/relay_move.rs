@@ -63,7 +63,7 @@ pub async fn tell(host: &Cluster, claim: &(String, String), step: &Step, note: &
         Ok(Some(found)) => found,
         Ok(None) => return,
         Err(e) => {
-            tracing::debug!(claim = %format!("{namespace}/{name}"), error = %e, "host claim not read for the move's event");
+            tracing::warn!(claim = %format!("{namespace}/{name}"), error = %e, "host claim not read for the move's event");
             return;
         }
     };
@@ -90,8 +90,16 @@ pub async fn tell(host: &Cluster, claim: &(String, String), step: &Step, note: &
         recorder.publish(&event, &found.object_ref(&())),
     )
     .await;
-    if !matches!(published, Ok(Ok(()))) {
-        tracing::debug!(claim = %format!("{namespace}/{name}"), reason = step.reason, "move event on the host claim not published");
+    // A move goes on without its Event, but the operator should hear why
+    // `kubectl describe pvc` shows none.
+    match published {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(claim = %format!("{namespace}/{name}"), reason = step.reason, error = %e, "move event on the host claim not published")
+        }
+        Err(_) => {
+            tracing::warn!(claim = %format!("{namespace}/{name}"), reason = step.reason, "move event on the host claim not published: no answer in time")
+        }
     }
 }
 

@@ -587,7 +587,7 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv) {
 
     e2e_support::install_crd(&host).await;
     e2e_support::install_csidriver(&host).await;
-    if std::env::var("RELAY_KOSMOS_ONLY").as_deref() == Ok("mobility") {
+    if crate::kosmos_demo_e2e::only_mobility() {
         crate::mobility_e2e::run(pre, kosmos, &ctx).await;
         return;
     }

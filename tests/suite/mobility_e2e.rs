@@ -320,6 +320,10 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
     for node in [KOSMOS1, KOSMOS2, HOST_NODE] {
         pods::relay_registered(&ctx.host, DRIVER, node, WAIT).await;
     }
+    if std::env::var("RELAY_KOSMOS_ONLY").as_deref() == Ok("mobility-block") {
+        crate::mobility_block_e2e::run(kosmos, ctx, &|| relay.controller.log()).await;
+        return;
+    }
 
     // ---- The seed's demo, with 1 GiB of data, moved to member2.
     let ns = ctx.namespace("move").await;

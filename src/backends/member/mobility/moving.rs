@@ -463,7 +463,9 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         if serves {
             // Waiting for the attach is no stall.
             move_stall::settled(&plan.volume_id);
-            m.verified.notify_waiters();
+            // Told before the waiting publish hears of it: the switch
+            // that follows ends this task, and with it an Event not yet
+            // sent (the move's Events then read Copying, Verified, Moved).
             tell(
                 plan,
                 &VERIFIED,
@@ -477,6 +479,7 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
                 ),
             )
             .await;
+            m.verified.notify_waiters();
             if let Some((host, pv)) = &plan.host {
                 nudge_attacher(host, pv, plan.to.name()).await;
             }
