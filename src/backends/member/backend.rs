@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::Api;
 
-use crate::backends::member::mobility::{access, import};
+use crate::backends::member::mobility::{access, import, kosmos_leftovers};
 use crate::backends::member::pvc::{self, ClaimPlan, DataSource};
 use crate::backends::member::{
     attach, capacity, claim_bound, claim_create, group_snapshot, namespace, snapshot,
@@ -821,10 +821,15 @@ impl Backend for MemberBackend {
                 .members()
                 .filter(|m| (gate.is_some() || *m != at.member) && !self.is_lost(m))
             {
-                import::remove(self.cluster(member)?, &claim, &vol.id).await?;
+                let c = self.cluster(member)?;
+                import::remove(c, &claim, &vol.id).await?;
+                kosmos_leftovers::remove_claim_copy(c, &claim).await?;
             }
             if sharing.moves() {
                 self.delete_moved(vol, &sharing, &at).await?;
+            }
+            if let Some(host) = &self.host {
+                kosmos_leftovers::remove_host_pv_copy(host, &at.uuid).await?;
             }
         }
         if let Some(left) = self.left_behind(vol) {

@@ -404,24 +404,36 @@ async fn delete_removes_imports_before_the_data() {
         b,
         mut east,
         mut west,
-        host: _host,
+        mut host,
     } = clusters();
     let vol = shared_volume(&b, AccessMode::MultiNodeMultiWriter);
     let pv_name = import::pv_name(&MemberVolume::of(&vol).unwrap().uuid);
     let west_done = std::sync::atomic::AtomicBool::new(false);
-    let (result, (), ()) = tokio::join!(
+    let (result, (), (), ()) = tokio::join!(
         b.delete_volume(&vol),
         async {
             let mut foreign = claim_of(&vol, "Bound", Some("theirs"));
             foreign["metadata"]["annotations"] = json!({});
             west.expect("GET", &format!("{PVCS}/data"))
                 .await
-                .ok(foreign);
+                .ok(foreign.clone());
             west.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
                 .await
                 .not_found();
+            // Kosmos's empty copy of the host claim is looked for; a
+            // claim that is not one is left.
+            west.expect("GET", &format!("{PVCS}/data"))
+                .await
+                .ok(foreign);
             west_done.store(true, std::sync::atomic::Ordering::SeqCst);
             west.expect_idle().await;
+        },
+        async {
+            // Kosmos's copy of the import PV in the host, if it outlived it.
+            host.expect("GET", &format!("/api/v1/persistentvolumes/{pv_name}"))
+                .await
+                .not_found();
+            host.expect_idle().await;
         },
         async {
             let get = east.expect("GET", &format!("{PVCS}/data")).await;

@@ -13,6 +13,8 @@
 //!   chunks the target lacks (`tree`, `wire`, `source`, `target`), so
 //!   passes made while the pod still runs leave the last one, after it
 //!   stopped, little to send.
+//! - What Kosmos copied of a volume's claims and PVs and left when the
+//!   volume goes (`kosmos_leftovers`).
 //!
 //! `imports` and `home` are child modules of `backend` (their methods are
 //! the member backend's).
@@ -20,6 +22,7 @@
 pub mod access;
 pub mod channel;
 pub mod import;
+pub mod kosmos_leftovers;
 pub mod lost_member_fence;
 pub mod mover;
 pub mod mover_pod;
