@@ -22,7 +22,9 @@
 //! on its uid.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, Preconditions};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use serde_json::json;
 
 use crate::backends::member::mobility::import;
 use crate::backends::member::pvc::{self, annotation, bound_pv, KOSMOS_COPY_ANNOTATION};
@@ -84,7 +86,10 @@ pub async fn remove_claim_copy(cluster: &Cluster, at: &MemberVolume) -> CsiResul
 }
 
 /// Deletes Kosmos's copy in the host of volume `uuid`'s import PV, if it
-/// outlived the member's.
+/// outlived the member's. Kosmos copies the member PV's finalizers too: the
+/// member driver's attacher finalizer, which no attacher in the host ever
+/// removes, would hold the copy forever; it is taken off when no host
+/// VolumeAttachment names the PV.
 pub async fn remove_host_pv_copy(host: &Cluster, uuid: &str) -> CsiResult<()> {
     let name = import::pv_name(uuid);
     let Some(pv) = pvc::get_pv(host, &name).await? else {
@@ -93,25 +98,84 @@ pub async fn remove_host_pv_copy(host: &Cluster, uuid: &str) -> CsiResult<()> {
     if !is_stale_import_copy(&pv, uuid) {
         return Ok(());
     }
-    let params = DeleteParams {
-        preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
+    let api = Api::<PersistentVolume>::all(host.client());
+    if pv.metadata.deletion_timestamp.is_none() {
+        let params = DeleteParams {
+            preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match host
+            .remove(
+                &format!("delete PersistentVolume {name}"),
+                api.delete(&name, &params),
+            )
+            .await
+        {
+            Err(e) if e.status() != Some(409) => return Err(e.into()),
+            _ => {}
+        }
+        tracing::info!(pv = %name, "Kosmos's copy in the host of the volume's import PV deleted with the volume");
+    }
+    let finalizers = pv.metadata.finalizers.clone().unwrap_or_default();
+    let kept: Vec<String> = finalizers
+        .iter()
+        .filter(|f| !copied_attacher_finalizer(&pv, f))
+        .cloned()
+        .collect();
+    if kept.len() == finalizers.len() || attached_in_host(host, &name).await? {
+        return Ok(());
+    }
+    // Only this object as read: the resourceVersion makes any change since
+    // (a PV made anew under the name included) a conflict.
+    let patch = json!({"metadata": {
+        "resourceVersion": pv.metadata.resource_version,
+        "finalizers": kept,
+    }});
     match host
-        .remove(
-            &format!("delete PersistentVolume {name}"),
-            Api::<PersistentVolume>::all(host.client()).delete(&name, &params),
+        .run(
+            &format!("patch PersistentVolume {name} (finalizers)"),
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
         )
         .await
     {
-        Err(e) if e.status() != Some(409) => return Err(e.into()),
-        _ => {}
+        // Gone, or changed since read: the next DeleteVolume of it looks again.
+        Err(e) if matches!(e.status(), Some(404) | Some(409) | Some(422)) => {}
+        Err(e) => return Err(e.into()),
+        Ok(_) => {
+            tracing::info!(pv = %name, "the member driver's attacher finalizer Kosmos copied taken off its host copy of the import PV")
+        }
     }
-    tracing::info!(pv = %name, "Kosmos's copy in the host of the volume's import PV deleted with the volume");
     Ok(())
+}
+
+/// The finalizer the member driver's external-attacher put on the member
+/// PV (`external-attacher/<driver, '/' as '-'>`), copied with it.
+fn copied_attacher_finalizer(pv: &PersistentVolume, finalizer: &str) -> bool {
+    let driver = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.driver.replace('/', "-"));
+    driver.is_some_and(|d| finalizer == format!("external-attacher/{d}"))
+}
+
+/// Whether a host VolumeAttachment names PV `name` (then a host attacher
+/// owns the finalizer).
+async fn attached_in_host(host: &Cluster, name: &str) -> CsiResult<bool> {
+    let vas = host
+        .fetch(
+            "list VolumeAttachments",
+            Api::<VolumeAttachment>::all(host.client()).list(&Default::default()),
+        )
+        .await?
+        .map(|l| l.items)
+        .unwrap_or_default();
+    Ok(vas
+        .iter()
+        .any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name)))
 }
 
 #[cfg(test)]
@@ -169,6 +233,35 @@ mod tests {
             "status": {"phase": phase}
         }))
         .expect("pv")
+    }
+
+    #[test]
+    fn only_the_member_drivers_attacher_finalizer_counts_as_copied() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "relay-abc-import"},
+            "spec": {"csi": {"driver": "hostpath.kl.csi.k8s.io", "volumeHandle": "h"}}
+        }))
+        .expect("pv");
+        assert!(copied_attacher_finalizer(
+            &pv,
+            "external-attacher/hostpath.kl.csi.k8s.io"
+        ));
+        assert!(!copied_attacher_finalizer(
+            &pv,
+            "kubernetes.io/pv-protection"
+        ));
+        assert!(!copied_attacher_finalizer(
+            &pv,
+            "external-attacher/relay.csi.dev"
+        ));
+        let hostpath: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "relay-abc-import"}, "spec": {"hostPath": {"path": "/x"}}
+        }))
+        .expect("pv");
+        assert!(!copied_attacher_finalizer(
+            &hostpath,
+            "external-attacher/hostpath.kl.csi.k8s.io"
+        ));
     }
 
     #[test]
