@@ -92,62 +92,72 @@ pub async fn remove_claim_copy(cluster: &Cluster, at: &MemberVolume) -> CsiResul
 /// VolumeAttachment names the PV.
 pub async fn remove_host_pv_copy(host: &Cluster, uuid: &str) -> CsiResult<()> {
     let name = import::pv_name(uuid);
-    let Some(pv) = pvc::get_pv(host, &name).await? else {
-        return Ok(());
-    };
-    if !is_stale_import_copy(&pv, uuid) {
-        return Ok(());
-    }
     let api = Api::<PersistentVolume>::all(host.client());
-    if pv.metadata.deletion_timestamp.is_none() {
-        let params = DeleteParams {
-            preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
+    // The finalizer first, on the PV as read (the delete changes its
+    // resourceVersion); a change meanwhile (Kosmos updates its copy from
+    // the member's) means reading it again.
+    let mut pv = None;
+    for _ in 0..3 {
+        let Some(now) = pvc::get_pv(host, &name).await? else {
+            return Ok(());
         };
+        if !is_stale_import_copy(&now, uuid) {
+            return Ok(());
+        }
+        let finalizers = now.metadata.finalizers.clone().unwrap_or_default();
+        let kept: Vec<String> = finalizers
+            .iter()
+            .filter(|f| !copied_attacher_finalizer(&now, f))
+            .cloned()
+            .collect();
+        if kept.len() == finalizers.len() || attached_in_host(host, &name).await? {
+            pv = Some(now);
+            break;
+        }
+        // Only this object as read: the resourceVersion makes any change
+        // since (a PV made anew under the name included) a conflict.
+        let patch = json!({"metadata": {
+            "resourceVersion": now.metadata.resource_version,
+            "finalizers": kept,
+        }});
         match host
-            .remove(
-                &format!("delete PersistentVolume {name}"),
-                api.delete(&name, &params),
+            .run(
+                &format!("patch PersistentVolume {name} (finalizers)"),
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
             )
             .await
         {
-            Err(e) if e.status() != Some(409) => return Err(e.into()),
-            _ => {}
+            Ok(patched) => {
+                tracing::info!(pv = %name, "the member driver's attacher finalizer Kosmos copied taken off its host copy of the import PV");
+                pv = Some(patched);
+                break;
+            }
+            Err(e) if e.status() == Some(404) => return Ok(()),
+            Err(e) if e.status() == Some(409) => continue,
+            Err(e) => return Err(e.into()),
         }
-        tracing::info!(pv = %name, "Kosmos's copy in the host of the volume's import PV deleted with the volume");
     }
-    let finalizers = pv.metadata.finalizers.clone().unwrap_or_default();
-    let kept: Vec<String> = finalizers
-        .iter()
-        .filter(|f| !copied_attacher_finalizer(&pv, f))
-        .cloned()
-        .collect();
-    if kept.len() == finalizers.len() || attached_in_host(host, &name).await? {
+    let Some(pv) = pv.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
         return Ok(());
-    }
-    // Only this object as read: the resourceVersion makes any change since
-    // (a PV made anew under the name included) a conflict.
-    let patch = json!({"metadata": {
-        "resourceVersion": pv.metadata.resource_version,
-        "finalizers": kept,
-    }});
+    };
+    let params = DeleteParams {
+        preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
     match host
-        .run(
-            &format!("patch PersistentVolume {name} (finalizers)"),
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        .remove(
+            &format!("delete PersistentVolume {name}"),
+            api.delete(&name, &params),
         )
         .await
     {
-        // Gone, or changed since read: the next DeleteVolume of it looks again.
-        Err(e) if matches!(e.status(), Some(404) | Some(409) | Some(422)) => {}
-        Err(e) => return Err(e.into()),
-        Ok(_) => {
-            tracing::info!(pv = %name, "the member driver's attacher finalizer Kosmos copied taken off its host copy of the import PV")
-        }
+        Err(e) if e.status() != Some(409) => return Err(e.into()),
+        _ => {}
     }
+    tracing::info!(pv = %name, "Kosmos's copy in the host of the volume's import PV deleted with the volume");
     Ok(())
 }
 
