@@ -162,13 +162,26 @@ pub async fn remove_host_pv_copy(host: &Cluster, uuid: &str) -> CsiResult<()> {
 }
 
 /// The finalizer the member driver's external-attacher put on the member
-/// PV (`external-attacher/<driver, '/' as '-'>`), copied with it.
+/// PV, copied with it: `external-attacher/<driver>`, every character of the
+/// driver's name but letters, digits and '-' written '-' (as the attacher
+/// sanitizes it: `hostpath.kl.csi.k8s.io` → `hostpath-kl-csi-k8s-io`).
 fn copied_attacher_finalizer(pv: &PersistentVolume, finalizer: &str) -> bool {
+    let sanitized = |d: &str| -> String {
+        d.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect()
+    };
     let driver = pv
         .spec
         .as_ref()
         .and_then(|s| s.csi.as_ref())
-        .map(|c| c.driver.replace('/', "-"));
+        .map(|c| sanitized(&c.driver));
     driver.is_some_and(|d| finalizer == format!("external-attacher/{d}"))
 }
 
@@ -254,7 +267,7 @@ mod tests {
         .expect("pv");
         assert!(copied_attacher_finalizer(
             &pv,
-            "external-attacher/hostpath.kl.csi.k8s.io"
+            "external-attacher/hostpath-kl-csi-k8s-io"
         ));
         assert!(!copied_attacher_finalizer(
             &pv,
@@ -262,7 +275,7 @@ mod tests {
         ));
         assert!(!copied_attacher_finalizer(
             &pv,
-            "external-attacher/relay.csi.dev"
+            "external-attacher/relay-csi-dev"
         ));
         let hostpath: PersistentVolume = serde_json::from_value(json!({
             "metadata": {"name": "relay-abc-import"}, "spec": {"hostPath": {"path": "/x"}}
@@ -270,7 +283,7 @@ mod tests {
         .expect("pv");
         assert!(!copied_attacher_finalizer(
             &hostpath,
-            "external-attacher/hostpath.kl.csi.k8s.io"
+            "external-attacher/hostpath-kl-csi-k8s-io"
         ));
     }
 
