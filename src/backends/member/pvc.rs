@@ -253,6 +253,25 @@ pub async fn delete_exactly(cluster: &Cluster, claim: &PersistentVolumeClaim) ->
     }
 }
 
+/// Deletes `pv` and only that object (the delete is conditional on its
+/// uid); a PV made anew under the name is a 409 the caller judges.
+pub async fn delete_pv_exactly(cluster: &Cluster, pv: &PersistentVolume) -> KubeResult<()> {
+    let name = pv.metadata.name.as_deref().unwrap_or_default();
+    let params = DeleteParams {
+        preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    cluster
+        .remove(
+            &format!("delete PersistentVolume {name}"),
+            Api::<PersistentVolume>::all(cluster.client()).delete(name, &params),
+        )
+        .await
+}
+
 /// The metadata of every member PVC the relay named `driver_name` made (by
 /// its marks), handed to `each` page by page: the sweep needs a few
 /// annotations of each claim, not 10,000 whole objects in one response.

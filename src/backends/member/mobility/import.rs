@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimSpec, PersistentVolumeSpec, Pod, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 use crate::backends::member::claim_create;
 use crate::backends::member::pvc::{self, claims};
@@ -486,19 +486,7 @@ pub async fn remove(cluster: &Cluster, at: &MemberVolume, volume_id: &str) -> Cs
         tracing::warn!(member = %cluster.name(), pv = %name, volume_id, "PersistentVolume of the import's name is not the relay's; left alone");
         return Ok(());
     }
-    let params = DeleteParams {
-        preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    cluster
-        .remove(
-            &format!("delete PersistentVolume {name}"),
-            Api::<PersistentVolume>::all(cluster.client()).delete(&name, &params),
-        )
-        .await?;
+    pvc::delete_pv_exactly(cluster, &pv).await?;
     tracing::info!(member = %cluster.name(), volume_id, pv = %name, "import removed (the data stays)");
     Ok(())
 }

@@ -23,7 +23,7 @@
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::backends::member::mobility::import;
@@ -140,20 +140,7 @@ pub async fn remove_host_pv_copy(host: &Cluster, uuid: &str) -> CsiResult<()> {
     let Some(pv) = pv.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
         return Ok(());
     };
-    let params = DeleteParams {
-        preconditions: pv.metadata.uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..DeleteParams::background()
-    };
-    match host
-        .remove(
-            &format!("delete PersistentVolume {name}"),
-            api.delete(&name, &params),
-        )
-        .await
-    {
+    match pvc::delete_pv_exactly(host, &pv).await {
         Err(e) if e.status() != Some(409) => return Err(e.into()),
         _ => {}
     }
