@@ -45,16 +45,20 @@ const GONE_POLL: Duration = Duration::from_millis(100);
 /// Whether `claim` is a Kosmos copy the relay may replace with `wanted`,
 /// the claim it makes under that name (see the module doc).
 pub fn replaceable(claim: &PersistentVolumeClaim, wanted: &PersistentVolumeClaim) -> bool {
-    let unbound = bound_pv(claim).is_none() && pvc::phase(claim) == "Pending";
-    // A copy made once the host claim was bound names the host's PV, which
-    // the member does not have: Lost, bound to nothing that holds data (the
-    // import of a shared volume finds these).
-    let lost = pvc::phase(claim) == "Lost";
     let not_made_by_the_relay = annotation(claim, VOLUME_ID_ANNOTATION).is_none()
         || not_the_relays(claim, wanted).is_some();
     annotation(claim, KOSMOS_COPY_ANNOTATION) == Some("true")
         && not_made_by_the_relay
-        && (unbound || lost)
+        && holds_no_data(claim)
+}
+
+/// Whether `claim` is bound to nothing of its member: Pending with no
+/// volume, or Lost (a copy made once the host claim was bound names the
+/// host's PV, which the member does not have; the import of a shared
+/// volume finds these).
+pub fn holds_no_data(claim: &PersistentVolumeClaim) -> bool {
+    let phase = pvc::phase(claim);
+    (phase == "Pending" && bound_pv(claim).is_none()) || phase == "Lost"
 }
 
 /// Why `claim`, found under the name of `wanted`, cannot be the claim the

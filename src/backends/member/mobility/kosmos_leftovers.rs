@@ -26,8 +26,9 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
+use crate::backends::member::claim_copy;
 use crate::backends::member::mobility::import;
-use crate::backends::member::pvc::{self, annotation, bound_pv, KOSMOS_COPY_ANNOTATION};
+use crate::backends::member::pvc::{self, annotation, KOSMOS_COPY_ANNOTATION};
 use crate::domain::error::CsiResult;
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::{self, MemberVolume};
@@ -39,11 +40,11 @@ pub const KOSMOS_OWNERS_ANNOTATION: &str = "kosmos-io/cluster-owners";
 /// by Kosmos, not the relay's (no volume id, or it names the host's PV),
 /// and Pending with no volume or Lost.
 pub fn is_empty_copy(claim: &PersistentVolumeClaim) -> bool {
-    let phase = pvc::phase(claim);
-    let empty = (phase == "Pending" && bound_pv(claim).is_none()) || phase == "Lost";
     let not_the_relays = annotation(claim, naming::VOLUME_ID_ANNOTATION).is_none()
         || pvc::copies_the_host_claim(claim);
-    annotation(claim, KOSMOS_COPY_ANNOTATION) == Some("true") && not_the_relays && empty
+    annotation(claim, KOSMOS_COPY_ANNOTATION) == Some("true")
+        && not_the_relays
+        && claim_copy::holds_no_data(claim)
 }
 
 /// Whether `pv`, found in the host under the import name of volume `uuid`,
