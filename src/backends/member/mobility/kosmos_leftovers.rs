@@ -311,4 +311,47 @@ mod tests {
             "abc"
         ));
     }
+
+    /// A copy Kosmos already deleted, held by the member driver's attacher
+    /// finalizer: the finalizer goes on the resourceVersion read, a
+    /// conflict reads it again, and no second delete is sent.
+    #[tokio::test]
+    async fn a_held_host_copy_loses_the_copied_attacher_finalizer_only() {
+        let (host, mut api) = crate::k8s::testing::host();
+        let name = import::pv_name("abc");
+        let held = |rv: &str| {
+            json!({"metadata": {"name": name, "uid": "p1", "resourceVersion": rv,
+                "deletionTimestamp": "2026-12-06T15:56:31Z",
+                "finalizers": ["external-attacher/hostpath-kl-csi-k8s-io", "kubernetes.io/pv-protection"],
+                "annotations": {KOSMOS_OWNERS_ANNOTATION: "member1"},
+                "labels": {naming::VOLUME_UUID_LABEL: "abc"}},
+              "spec": {"persistentVolumeReclaimPolicy": "Retain",
+                       "csi": {"driver": "hostpath.kl.csi.k8s.io", "volumeHandle": "h"}},
+              "status": {"phase": "Available"}})
+        };
+        let path = format!("/api/v1/persistentvolumes/{name}");
+        // The cluster goes with the call: the mock is idle once it is dropped.
+        let call = async move { remove_host_pv_copy(&host, "abc").await };
+        let (done, ()) = tokio::join!(call, async {
+            api.expect("GET", &path).await.ok(held("7"));
+            api.expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
+                .await
+                .ok(json!({"items": []}));
+            let patch = api.expect("PATCH", &path).await;
+            assert_eq!(patch.body["metadata"]["resourceVersion"], "7");
+            patch.status(409, "Conflict", "the object has been modified");
+            api.expect("GET", &path).await.ok(held("8"));
+            api.expect("GET", "/apis/storage.k8s.io/v1/volumeattachments")
+                .await
+                .ok(json!({"items": []}));
+            let patch = api.expect("PATCH", &path).await;
+            assert_eq!(
+                patch.body["metadata"],
+                json!({"resourceVersion": "8", "finalizers": ["kubernetes.io/pv-protection"]})
+            );
+            patch.ok(held("9"));
+            api.expect_idle().await;
+        });
+        done.expect("removed");
+    }
 }
