@@ -4,8 +4,8 @@
 //! move leaves behind, and how DeleteVolume clears every member.
 
 use super::*;
-use crate::backends::member::mobility::mover_pod;
 use crate::backends::member::mobility::moving::{self, Plan};
+use crate::backends::member::mobility::{attachments, mover_pod};
 use crate::domain::params::Retention;
 
 /// How long ControllerPublishVolume waits for a copy about to verify
@@ -14,6 +14,10 @@ const MOVE_WAIT: Duration = Duration::from_secs(20);
 /// How long after a switch the old member's claim waits for a pod to run
 /// on the new copy before it is left to DeleteVolume or the next move.
 const SERVED_WAIT: Duration = Duration::from_secs(900);
+/// How long ControllerPublishVolume waits, after a move, for the member to
+/// detach what a mover held before the pods' import is made (the attacher
+/// gives up at 60 s, of which `MOVE_WAIT` may be spent).
+const ATTACH_SETTLE: Duration = Duration::from_secs(25);
 
 /// The parameters of the volume's claim in `member`: its class from
 /// `movableBetween`.
@@ -54,6 +58,12 @@ impl MemberBackend {
             self.moves.interrupt(&vol.id);
             if let Some((to, last)) = self.moves.abandon(&vol.id) {
                 self.stay_home(vol, &params, &home, &to, last);
+            }
+            // Its source mover, and the attachment that mover held, go
+            // before the pod's import is made (`attachments`). A pre-copy's
+            // mover stays: it shares the pod's attachment on its node.
+            if self.moves.status(&vol.id).is_none() {
+                self.settle_home(vol, &home).await?;
             }
             return Ok(None);
         }
@@ -102,7 +112,7 @@ impl MemberBackend {
         // The claim the copy was verified in becomes the one the record
         // names, by its uid.
         let target = self.cluster(&here)?;
-        let claim_uid = pvc::get(target, &home.namespace, &home.pvc)
+        let claim = pvc::get(target, &home.namespace, &home.pvc)
             .await?
             .filter(|c| pvc::belongs_to(c, &vol.id) && !pvc::copies_the_host_claim(c))
             .ok_or_else(|| {
@@ -112,9 +122,17 @@ impl MemberBackend {
                     home.pvc_path(),
                     vol.id
                 ))
-            })?
-            .metadata
-            .uid;
+            })?;
+        // The target mover and its attachment go before the import the
+        // pods use is made there: both name one handle (`attachments`).
+        // The source's mover goes after the switch; nothing of its member
+        // starts meanwhile.
+        mover_pod::remove_all(target, &home.uuid, &home.namespace).await?;
+        if let Some(pv) = pvc::bound_pv(&claim) {
+            let why = format!("the first pod of volume {} there", vol.id);
+            attachments::wait_gone(target, &[pv], ATTACH_SETTLE, &why).await?;
+        }
+        let claim_uid = claim.metadata.uid;
         let last = self.moves.status(&vol.id);
         let seconds = self.moves.finish(&vol.id).unwrap_or_default();
         if let (Some(host), Some(last)) = (self.host.clone(), last) {
@@ -416,6 +434,24 @@ impl MemberBackend {
                 }
             }
         });
+    }
+
+    /// Before a pod's import is made in the volume's home: no attachment
+    /// there of the data claim's PV, which only movers mount
+    /// (`attachments`); one found, the movers go and the wait is for the
+    /// member to detach it. Two reads when there is none.
+    async fn settle_home(&self, vol: &Volume, home: &MemberVolume) -> CsiResult<()> {
+        let c = self.cluster(&home.member)?;
+        let claim = pvc::get(c, &home.namespace, &home.pvc).await?;
+        let Some(pv) = claim.as_ref().and_then(pvc::bound_pv) else {
+            return Ok(());
+        };
+        if attachments::of(c, &[pv]).await?.is_empty() {
+            return Ok(());
+        }
+        mover_pod::remove_all(c, &home.uuid, &home.namespace).await?;
+        let why = format!("the pod of volume {} back in its member", vol.id);
+        attachments::wait_gone(c, &[pv], ATTACH_SETTLE, &why).await
     }
 
     /// DeleteVolume of a movable volume: every member's movers, and the

@@ -39,6 +39,52 @@ async fn moved_home_with(
     result
 }
 
+/// `moved_home(vol, node of east)`: east answers what `east_side`
+/// scripts, west is asked nothing.
+async fn at_home_with<F: std::future::Future<Output = ()>>(
+    b: &MemberBackend,
+    host: &mut MockApi,
+    west: &mut MockApi,
+    vol: &Volume,
+    east_side: F,
+) -> CsiResult<Option<Backing>> {
+    let (result, (), (), ()) = tokio::join!(
+        b.moved_home(vol, "host-e"),
+        async {
+            host.expect("GET", "/api/v1/nodes/host-e")
+                .await
+                .ok(host_node("host-e", "east", "east-1"));
+        },
+        east_side,
+        west.expect_idle()
+    );
+    result
+}
+
+/// The data claim's path in east, and the claim bound to PV `pv-data`.
+fn data_claim(vol: &Volume) -> (String, String, serde_json::Value) {
+    let home = MemberVolume::of(vol).expect("member volume");
+    let path = format!(
+        "/api/v1/namespaces/{}/persistentvolumeclaims/{}",
+        home.namespace, home.pvc
+    );
+    let claim = json!({"metadata": {"name": home.pvc, "namespace": home.namespace, "uid": "c1"},
+        "spec": {"volumeName": "pv-data"}, "status": {"phase": "Bound"}});
+    (home.uuid, path, claim)
+}
+
+fn attachment_of_data(deleting: bool) -> serde_json::Value {
+    let mut va = json!({"metadata": {"name": "csi-abc"},
+        "spec": {"attacher": "fast.csi", "nodeName": "east-1",
+                 "source": {"persistentVolumeName": "pv-data"}}});
+    if deleting {
+        va["metadata"]["deletionTimestamp"] = json!("2026-12-06T17:21:19Z");
+    }
+    va
+}
+
+const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
+
 #[tokio::test(start_paused = true)]
 async fn a_volume_of_a_movable_class_is_everywhere_and_a_node_of_its_member_moves_nothing() {
     let Clusters {
@@ -55,14 +101,121 @@ async fn a_volume_of_a_movable_class_is_everywhere_and_a_node_of_its_member_move
         .filter_map(|t| t.get(TOPOLOGY_MEMBER_KEY).map(String::as_str))
         .collect();
     assert_eq!(members, ["east", "west"], "{:?}", vol.topology);
-    let found = moved_home_with(
-        &b,
-        (&mut host, &mut east, &mut west),
-        &vol,
-        ("host-e", "east"),
-    )
+    let (_, claim_path, claim) = data_claim(&vol);
+    // Two reads: no mover's attachment of the data claim's PV is left.
+    let found = at_home_with(&b, &mut host, &mut west, &vol, async {
+        east.expect("GET", &claim_path).await.ok(claim);
+        east.expect("GET", VAS).await.ok(json!({"items": [
+            {"metadata": {"name": "csi-other"},
+             "spec": {"attacher": "fast.csi", "nodeName": "east-1",
+                      "source": {"persistentVolumeName": "pv-other"}}}]}));
+        east.expect_idle().await;
+    })
     .await;
     assert!(matches!(found, Ok(None)), "{found:?}");
+}
+
+/// A pod back in the volume's member after a move it asked for stopped:
+/// the import it uses waits until the member detached what the source
+/// mover held, since both PVs share one attachment per node.
+#[tokio::test(start_paused = true)]
+async fn a_pod_back_home_waits_until_the_movers_attachment_is_detached() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let b = b.with_mover_image(Some("csi-relay:test".into()));
+    let vol = movable_volume(&b);
+    let (uuid, claim_path, claim) = data_claim(&vol);
+    let pods = format!("/api/v1/namespaces/relay/pods/relay-{uuid}-mover");
+    let found = at_home_with(&b, &mut host, &mut west, &vol, async {
+        east.expect("GET", &claim_path).await.ok(claim);
+        east.expect("GET", VAS)
+            .await
+            .ok(json!({"items": [attachment_of_data(false)]}));
+        // The movers go, as in `remove_all`.
+        east.expect("GET", &format!("{pods}-source"))
+            .await
+            .not_found();
+        east.expect("GET", &format!("{pods}-target"))
+            .await
+            .not_found();
+        east.expect(
+            "DELETE",
+            &format!("/api/v1/namespaces/relay/secrets/relay-{uuid}-mover"),
+        )
+        .await
+        .not_found();
+        east.expect("GET", &format!("{pods}-source"))
+            .await
+            .not_found();
+        east.expect("GET", &format!("{pods}-target"))
+            .await
+            .not_found();
+        east.expect("GET", VAS)
+            .await
+            .ok(json!({"items": [attachment_of_data(true)]}));
+        east.expect("GET", VAS).await.ok(json!({"items": []}));
+        east.expect_idle().await;
+    })
+    .await;
+    assert!(matches!(found, Ok(None)), "{found:?}");
+}
+
+/// An attachment that never goes: UNAVAILABLE after the budget, naming
+/// it, so the attacher retries within its own timeout.
+#[tokio::test(start_paused = true)]
+async fn an_attachment_that_stays_makes_the_publish_retry_naming_it() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let b = b.with_mover_image(Some("csi-relay:test".into()));
+    let vol = movable_volume(&b);
+    let (uuid, claim_path, claim) = data_claim(&vol);
+    let pods = format!("/api/v1/namespaces/relay/pods/relay-{uuid}-mover");
+    let found = at_home_with(&b, &mut host, &mut west, &vol, async {
+        east.expect("GET", &claim_path).await.ok(claim);
+        east.expect("GET", VAS)
+            .await
+            .ok(json!({"items": [attachment_of_data(true)]}));
+        for role in ["source", "target"] {
+            east.expect("GET", &format!("{pods}-{role}"))
+                .await
+                .not_found();
+        }
+        east.expect(
+            "DELETE",
+            &format!("/api/v1/namespaces/relay/secrets/relay-{uuid}-mover"),
+        )
+        .await
+        .not_found();
+        for role in ["source", "target"] {
+            east.expect("GET", &format!("{pods}-{role}"))
+                .await
+                .not_found();
+        }
+        // 25 s, a read each 500 ms.
+        for _ in 0..51 {
+            east.expect("GET", VAS)
+                .await
+                .ok(json!({"items": [attachment_of_data(true)]}));
+        }
+        east.expect_idle().await;
+    })
+    .await;
+    let err = found.expect_err("refused");
+    assert_eq!(err.code(), Code::Unavailable, "{err}");
+    let says = err.to_string();
+    assert!(
+        says.contains("VolumeAttachment csi-abc of PV pv-data to node east-1 (being detached)"),
+        "{says}"
+    );
+    assert!(says.contains("retry"), "{says}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -12,7 +12,8 @@
 //!   that runs through each member's API server. A pass sends only the
 //!   chunks the target lacks (`tree`, `wire`, `source`, `target`), so
 //!   passes made while the pod still runs leave the last one, after it
-//!   stopped, little to send.
+//!   stopped, little to send. Movers and pods take turns on a volume's
+//!   attachments in a member (`attachments`).
 //! - What Kosmos copied of a volume's claims and PVs and left when the
 //!   volume goes (`kosmos_leftovers`).
 //!
@@ -20,6 +21,7 @@
 //! the member backend's).
 
 pub mod access;
+pub mod attachments;
 pub mod channel;
 pub mod import;
 pub mod kosmos_leftovers;

@@ -23,7 +23,9 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::Notify;
 
+use super::attachments;
 use super::channel::{self, Channel, End, KEY_LEN};
+use super::import;
 use super::mover::{Role, PORT};
 use super::mover_pod::{self, PodPlan};
 use super::pass::{self, PassReport};
@@ -363,26 +365,6 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
         }
     };
     let move_id = move_id(plan);
-    for (c, role) in [(&plan.from, Role::Source), (&plan.to, Role::Target)] {
-        let name = mover_pod::pod_name(&plan.uuid, role);
-        if mover_pod::get_pod(c, ns, &name).await.map_err(e)?.is_none() {
-            let node = match role {
-                Role::Source => node_of_users(c, &plan.access).await.map_err(e)?,
-                Role::Target => None,
-            };
-            let p = PodPlan {
-                uuid: &plan.uuid,
-                move_id: &move_id,
-                namespace: ns,
-                claim: &plan.data.pvc,
-                role,
-                image: &plan.image,
-                block: plan.block,
-                node,
-            };
-            mover_pod::create_pod(c, &p).await.map_err(e)?;
-        }
-    }
     set(m, |s| s.phase = "StartingMovers");
     show(plan, m, false).await;
     let started = Instant::now();
@@ -399,7 +381,16 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
                         }
                     }
                 }
-                None => waiting.push(format!("{}: mover pod {ns}/{name} is gone", c.label())),
+                None => {
+                    if let Some(held) = start_mover(plan, c, role, &move_id).await.map_err(e)? {
+                        waiting.push(format!(
+                            "{}: mover pod {ns}/{name} starts once {held} is gone",
+                            c.label()
+                        ));
+                    } else {
+                        waiting.push(format!("{}: mover pod {ns}/{name} created", c.label()));
+                    }
+                }
             }
         }
         if waiting.is_empty() {
@@ -547,6 +538,51 @@ async fn target_claim_waits(plan: &Plan) -> Option<String> {
         plan.data.pvc_path(),
         said.map_or_else(String::new, |s| format!(": the member says {s}"))
     ))
+}
+
+/// Creates the mover of `role` in `c`, unless the volume's attachments
+/// there are not the mover's to share (`attachments`): with no pod of the
+/// volume there, any attachment of its data or import PV is one being
+/// detached, or about to be; with one (a pre-copy's source, on that pod's
+/// node), only one being detached is. `Some(what holds it)` then, and
+/// nothing is created.
+async fn start_mover(
+    plan: &Plan,
+    c: &Cluster,
+    role: Role,
+    move_id: &str,
+) -> CsiResult<Option<String>> {
+    let ns = &plan.data.namespace;
+    let node = match role {
+        Role::Source => node_of_users(c, &plan.access).await?,
+        Role::Target => None,
+    };
+    let data_pv = crate::backends::member::pvc::get(c, ns, &plan.data.pvc)
+        .await?
+        .and_then(|claim| claim.spec.and_then(|s| s.volume_name));
+    let import_pv = import::pv_name(&plan.uuid);
+    let mut pvs = vec![import_pv.as_str()];
+    pvs.extend(data_pv.as_deref());
+    let held: Vec<_> = attachments::of(c, &pvs)
+        .await?
+        .into_iter()
+        .filter(|h| node.is_none() || h.detaching)
+        .collect();
+    if !held.is_empty() {
+        return Ok(Some(attachments::describe(&held)));
+    }
+    let p = PodPlan {
+        uuid: &plan.uuid,
+        move_id,
+        namespace: ns,
+        claim: &plan.data.pvc,
+        role,
+        image: &plan.image,
+        block: plan.block,
+        node,
+    };
+    mover_pod::create_pod(c, &p).await?;
+    Ok(None)
 }
 
 /// Whether a pod in the source member may write the volume now: its
