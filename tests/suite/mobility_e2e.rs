@@ -560,7 +560,7 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
     // ---- Block volumes and a member too small, on CSI storage.
     if std::env::var("RELAY_MOVE_BLOCK").as_deref() == Ok("skip") {
         crate::common::skip(
-            "block moves and the member too small: RELAY_MOVE_BLOCK=skip (.ci/run sets it while they are not yet reliable: a mover pod left ContainerCreating, 2026-12-06)",
+            "block moves and the member too small: RELAY_MOVE_BLOCK=skip",
         );
     } else {
         crate::mobility_block_e2e::run(kosmos, ctx, &|| relay.controller.log()).await;
