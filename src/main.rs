@@ -75,6 +75,7 @@ async fn run() -> std::process::ExitCode {
                 &args.key_file,
                 args.path.clone(),
                 args.block,
+                args.listen,
                 args.port,
             )
             .await

@@ -52,7 +52,11 @@ pub struct MoverArgs {
     pub path: std::path::PathBuf,
     #[arg(long)]
     pub block: bool,
-    /// Loopback only: the way in is a port-forward through the API server.
+    /// The address to listen on: the pod's loopback (the way in is a
+    /// port-forward through the API server), or 0.0.0.0 for a source
+    /// mover the target mover may reach on the pod network.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub listen: std::net::IpAddr,
     #[arg(long, default_value_t = crate::backends::member::mobility::mover::PORT)]
     pub port: u16,
 }
@@ -163,6 +167,20 @@ pub struct ServeArgs {
         value_name = "IMAGE"
     )]
     pub mover_image: Option<String>,
+
+    /// Which way a move's bytes go between its movers. auto: mover to
+    /// mover on the pod network where the members' pod networks reach each
+    /// other (Kosmos ClusterLink, Liqo, Submariner; the source mover then
+    /// listens on its pod IP, for sessions that need the move's key), else
+    /// through the API servers, which the first pass finds out within 5 s.
+    /// api: always through the API servers' port-forwards.
+    #[arg(
+        long = "mover-path",
+        env = "CSI_RELAY_MOVER_PATH",
+        value_enum,
+        default_value = "auto"
+    )]
+    pub mover_path: crate::backends::member::mobility::moving::MoverPath,
 
     /// A member declared lost (--lost-member NAME) that may come back, and
     /// the kubeconfig that reaches it (repeatable). As long as it stays

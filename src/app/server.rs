@@ -316,7 +316,8 @@ async fn member_backend(args: &ServeArgs) -> Result<(MemberBackend, Cluster), St
     let backend = MemberBackend::new(clusters, Some(host.clone()), &args.driver_name)
         .with_virtual_nodes(args.virtual_node_selector.clone())
         .with_lost_members(args.lost_members.iter().cloned())
-        .with_mover_image(args.mover_image.clone());
+        .with_mover_image(args.mover_image.clone())
+        .with_mover_path(args.mover_path);
     Ok((backend, host))
 }
 

@@ -35,6 +35,11 @@ fi
 km taint node member-node-1 "${FAKE_TAINT%%=*}-" > /dev/null 2>&1 || true
 km delete storageclass $KL_CLASS $KL_CLASS-wffc --ignore-not-found > /dev/null 2>&1 || true
 SPARE_MEMBER=member2 "$E2E_ENV/spare-member-down.sh" "$RUN" || rc=1
+# The members' pod network, once no kubelet puts pods on it.
+if [[ -s $RUN/podnet ]]; then
+  ip netns del "$(cat "$RUN/podnet")" 2>/dev/null || true
+  rm -f "$RUN/podnet"
+fi
 left=$(awk '{print $5}' /proc/self/mountinfo | grep -F "$RUN" || true)
 [[ -z $left ]] || { echo "mounts left under $RUN: $left" >&2; rc=1; }
 exit $rc

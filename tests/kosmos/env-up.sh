@@ -10,7 +10,11 @@
 #     with a bare hostpath driver and its StorageClass "member2-hostpath";
 #   - Kosmos: its CRDs in the host, a Cluster object per member and the real
 #     clustertree-cluster-manager, which makes virtual nodes kosmos-member1 and
-#     kosmos-member2 in the host.
+#     kosmos-member2 in the host;
+#   - a pod network the members' kubelet nodes share (a network namespace
+#     "relay-podnet-<run>" with a bridge, POD_NETWORK of kubelet-node-up.sh):
+#     their pods reach each other as ClusterLink's or Liqo's would, and
+#     nothing else (shared-up.sh puts member2's kubelet on it too).
 # Writes RUN_DIR/env.sh (sourced by the test's caller). Starts binaries from
 # $E2E_HOME/bin only; builds nothing. Undo with env-down.sh RUN_DIR (run on
 # any failure here too).
@@ -35,12 +39,18 @@ SPARE_MEMBER=member2 SPARE_PORT=$MEMBER2_PORT "$E2E_ENV/spare-member-up.sh" "$RU
   > "$RUN/logs/spare-member-up-member2.log" 2>&1 &
 m2=$!
 
+# The members' pod network (RUN/podnet names it for shared-up.sh and
+# env-down.sh).
+PODNET=relay-podnet-${RUN##*-}
+ip netns add "$PODNET"
+echo "$PODNET" > "$RUN/podnet"
+
 # member1: a scheduler and a real kubelet node with hostpath; the fake
 # member-node-1 of the two-cluster env gets no scheduled pods (Kosmos clears a
 # mirrored pod's nodeName, the member scheduler places it).
 # The member API server reaches it on 127.0.0.1 (port-forward to the relay's
 # movers) with APISERVER_EXTRA's client cert.
-FAKE_NODES=member-node-1 FAKE_TAINT=$FAKE_TAINT DRIVER=$KL_DRIVER CLASS=$KL_CLASS \
+POD_NETWORK=$PODNET FAKE_NODES=member-node-1 FAKE_TAINT=$FAKE_TAINT DRIVER=$KL_DRIVER CLASS=$KL_CLASS \
   KUBELET_CLIENT_CA=$(kubelet_client_ca "$E2E_HOME/run/member/pki/ca.crt" "$RUN/member1-kubelet-client-ca.crt") \
   "$E2E_ENV/storage-node-up.sh" "$MEMBER_KUBECONFIG" $KL_NODE $KL_PORT $SCHED_PORT "$RUN/lab" > "$RUN/logs/storage-node-up.log" 2>&1
 node_on_loopback "$MEMBER_KUBECONFIG" $KL_NODE
@@ -85,5 +95,6 @@ cat > "$RUN/env.sh" <<ENV
 export RELAY_KOSMOS_RUN=$RUN
 export RELAY_KOSMOS_MEMBER2_KUBECONFIG=$M2KC
 export RELAY_KOSMOS_KL_STATE=$RUN/lab/csi/hostpath-state
+export RELAY_KOSMOS_POD_NETWORK=$PODNET
 ENV
 ts "kosmos env up"

@@ -106,7 +106,8 @@ m2_node_up() {
   BIN_DIR=$B "$KL/kube-scheduler-up.sh" "$M2KC" $M2_SCHED_PORT "$S/m2lab"
   # Another kubelet on this machine: pod log dirs of its own (POD_LOG_DIR),
   # hence a mount namespace of its own.
-  BIN_DIR=$B CTRD_STATE=$M2_CTRD_STATE POD_LOG_DIR=$S/m2-var-log \
+  # On the pod network member1's node is on (env-up.sh).
+  BIN_DIR=$B CTRD_STATE=$M2_CTRD_STATE POD_LOG_DIR=$S/m2-var-log POD_NETWORK=$(cat "$RUN/podnet" 2>/dev/null) \
     KUBELET_CLIENT_CA=$(kubelet_client_ca "$E2E_HOME/run/member2/pki/ca.crt" "$S/member2-kubelet-client-ca.crt") \
     "$KL/kubelet-node-up.sh" "$M2KC" $M2_KL_NODE $M2_KL_PORT "$S/m2lab"
   node_on_loopback "$M2KC" $M2_KL_NODE

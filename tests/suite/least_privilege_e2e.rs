@@ -568,6 +568,7 @@ async fn movers_are_held_to_their_shape(admin: &Client, relay: &Client, ns: &str
         image: "csi-relay:least-privilege",
         block: false,
         node: None,
+        pod_network: true,
     };
     let mover = mover_pod::pod_manifest(&plan);
     let with = |f: &dyn Fn(&mut serde_json::Value)| -> Pod {

@@ -165,6 +165,21 @@ pub(crate) async fn movers_left(member: &Client, ns: &str) -> usize {
 
 /// The controller's "move: pass done" lines: (total, sent, wire, seconds,
 /// verified) of each pass.
+/// How many of the log's passes went mover to mover on the pod network.
+pub(crate) fn pod_network_passes(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("move: pass done") && l.contains("pod_network=true"))
+        .count()
+}
+
+/// Which way the movers' bytes should go here: on the members' pod
+/// network where the Kosmos environment made one (tests/kosmos/env-up.sh)
+/// and `RELAY_MOVER_PATH` is not `api` (a run that measures the API
+/// servers' way, passed on as `--mover-path`).
+pub(crate) fn expect_pod_network(run: &Path) -> bool {
+    run.join("podnet").exists() && std::env::var("RELAY_MOVER_PATH").as_deref() != Ok("api")
+}
+
 pub(crate) fn passes(log: &str) -> Vec<(u64, u64, u64, f64, bool)> {
     log.lines()
         .filter(|l| l.contains("move: pass done"))
@@ -307,15 +322,20 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
         "member2={}",
         pre.e2e_home.join("run/member2-relay.kubeconfig").display()
     );
+    let path = format!(
+        "--mover-path={}",
+        std::env::var("RELAY_MOVER_PATH").unwrap_or_else(|_| "auto".into())
+    );
     let mut relay = DemoRelay::start(
         env,
         &pre.sidecars,
         &[member1, member2],
-        &["--virtual-node-attach", "--mover-image", MOVER_IMAGE],
+        &["--virtual-node-attach", "--mover-image", MOVER_IMAGE, &path],
         &demo,
         "member1",
     )
     .await;
+    let pod_network = expect_pod_network(run);
     let _log = LogOnFailure(relay.controller.path("driver.log"));
     for node in [KOSMOS1, KOSMOS2, HOST_NODE] {
         pods::relay_registered(&ctx.host, DRIVER, node, WAIT).await;
@@ -384,9 +404,17 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
         .copied()
         .expect("a pass in the controller's log");
     let mbps = full.1 as f64 / 1e6 / full.3;
+    let direct = pod_network_passes(&log);
+    assert_eq!(
+        direct,
+        if pod_network { first.len() } else { 0 },
+        "passes mover to mover over the pod network, of {} (the members share one: {pod_network})",
+        first.len()
+    );
     println!(
-        "figure: move of {} MiB member1 → member2: edit to Running {took:.1} s; {} passes; the full one sent {:.1} MiB ({:.1} MiB on the wire) in {:.1} s = {mbps:.0} MB/s; cp here {floor:.0} MB/s (ratio {:.2})",
+        "figure: move of {} MiB member1 → member2 ({}): edit to Running {took:.1} s; {} passes; the full one sent {:.1} MiB ({:.1} MiB on the wire) in {:.1} s = {mbps:.0} MB/s; cp here {floor:.0} MB/s (ratio {:.2})",
         data_mib(),
+        if direct > 0 { "mover to mover over the pod network" } else { "through the API servers" },
         first.len(),
         full.1 as f64 / (1 << 20) as f64,
         full.2 as f64 / (1 << 20) as f64,
@@ -559,9 +587,7 @@ pub(crate) async fn run(pre: &Prerequisites, kosmos: &ScriptedEnv, ctx: &Ctx) {
 
     // ---- Block volumes and a member too small, on CSI storage.
     if std::env::var("RELAY_MOVE_BLOCK").as_deref() == Ok("skip") {
-        crate::common::skip(
-            "block moves and the member too small: RELAY_MOVE_BLOCK=skip",
-        );
+        crate::common::skip("block moves and the member too small: RELAY_MOVE_BLOCK=skip");
     } else {
         crate::mobility_block_e2e::run(kosmos, ctx, &|| relay.controller.log()).await;
     }

@@ -49,6 +49,7 @@ pub struct MemberBackend {
     /// Volume moves in progress (`mobility`), and the image their movers run.
     moves: std::sync::Arc<crate::backends::member::mobility::moving::Moves>,
     mover_image: Option<String>,
+    mover_path: crate::backends::member::mobility::moving::MoverPath,
 }
 
 fn decode_volume_params(vol: &Volume) -> CsiResult<VolumeParams> {
@@ -287,12 +288,22 @@ impl MemberBackend {
             lost: Default::default(),
             moves: Default::default(),
             mover_image: None,
+            mover_path: Default::default(),
         }
     }
 
     /// The image the movers of volume moves run (`csi-relay mover`).
     pub fn with_mover_image(mut self, image: Option<String>) -> Self {
         self.mover_image = image;
+        self
+    }
+
+    /// Which way the movers' bytes may go (`--mover-path`).
+    pub fn with_mover_path(
+        mut self,
+        path: crate::backends::member::mobility::moving::MoverPath,
+    ) -> Self {
+        self.mover_path = path;
         self
     }
 

@@ -26,6 +26,9 @@
 #   POD_FORWARD  JSON {"namespaces": [NS...], "in": [PORT...], "out": [PORT...]}: pods of those namespaces
 #                reach the node's 127.0.0.1:PORT ("in", e.g. API servers) on their own loopback, and the node
 #                reaches theirs ("out", e.g. a health port), without hostNetwork (podlocal-forward.py)  [unset]
+#   POD_NETWORK  a network namespace name (/run/netns/NAME) the caller made: pods get an address in
+#                10.88.0.0/16 on a bridge there, and reach the pods of every kubelet given the same NAME
+#                (cni-podlocal.py "podnet")                                                      [unset]
 #   POD_LOG_DIR  run containerd and the kubelet in a mount namespace of their own where /var/log/pods and
 #                /var/log/containers are POD_LOG_DIR/{pods,containers}: needed when another kubelet runs on
 #                the machine, since every kubelet's container GC deletes the pod log dirs of pods it does
@@ -126,8 +129,13 @@ FORWARD=
 if [[ -n ${POD_FORWARD:-} ]]; then
   FORWARD=$(python3 -c 'import json,sys; f=json.loads(sys.argv[1]); f["pidDir"]=sys.argv[2]; print(", \"forward\": " + json.dumps(f))' "$POD_FORWARD" "$LAB/pids")
 fi
+PODNET=
+if [[ -n ${POD_NETWORK:-} ]]; then
+  [[ -e /run/netns/$POD_NETWORK ]] || { echo "POD_NETWORK: no network namespace /run/netns/$POD_NETWORK" >&2; exit 2; }
+  PODNET=", \"podnet\": \"$POD_NETWORK\""
+fi
 cat > "$LAB/cni/net.d/10-podlocal.conflist" <<EOF
-{"cniVersion": "1.0.0", "name": "podlocal", "plugins": [{"type": "podlocal", "subnet": "10.88.0.0/16"$FORWARD}]}
+{"cniVersion": "1.0.0", "name": "podlocal", "plugins": [{"type": "podlocal", "subnet": "10.88.0.0/16"$FORWARD$PODNET}]}
 EOF
 
 # ---------- snapshotter ----------

@@ -277,6 +277,7 @@ impl MemberBackend {
             access: access.clone(),
             target_claim: claim,
             image,
+            path: self.mover_path,
             block: vol
                 .capabilities
                 .iter()

@@ -62,6 +62,9 @@ pub struct PodPlan<'a> {
     /// Where it must run: next to the pod using the volume there, for a
     /// claim one node at a time may mount.
     pub node: Option<String>,
+    /// Listens on the pod network too (a source the target mover may
+    /// reach there), not only on its loopback.
+    pub pod_network: bool,
 }
 
 pub fn pod_manifest(p: &PodPlan<'_>) -> Pod {
@@ -73,6 +76,9 @@ pub fn pod_manifest(p: &PodPlan<'_>) -> Pod {
         format!("--key-file={KEY_DIR}/{KEY_FILE}"),
         format!("--port={PORT}"),
     ];
+    if p.pod_network {
+        args.push("--listen=0.0.0.0".into());
+    }
     let (mounts, devices) = if p.block {
         args.push(format!("--path={DEVICE}"));
         args.push("--block".into());
@@ -332,8 +338,26 @@ mod tests {
             image: "csi-relay:0.1.0",
             block: false,
             node: None,
+            pod_network: false,
         };
         let pod = pod_manifest(&plan);
+        let listens_on = |pod: &Pod| {
+            pod.spec.as_ref().expect("spec").containers[0]
+                .args
+                .iter()
+                .flatten()
+                .find(|a| a.starts_with("--listen="))
+                .cloned()
+        };
+        // Its loopback only, unless the pod network may reach it.
+        assert_eq!(listens_on(&pod), None);
+        assert_eq!(
+            listens_on(&pod_manifest(&PodPlan {
+                pod_network: true,
+                ..plan.clone()
+            })),
+            Some("--listen=0.0.0.0".to_string())
+        );
         let spec = pod.spec.as_ref().expect("spec");
         assert_eq!(spec.automount_service_account_token, Some(false));
         let c = &spec.containers[0];

@@ -28,7 +28,7 @@ use super::channel::{self, Channel, End, KEY_LEN};
 use super::import;
 use super::mover::{Role, PORT};
 use super::mover_pod::{self, PodPlan};
-use super::pass::{self, PassReport};
+use super::pass::{self, PassReport, PullError};
 use crate::domain::error::{CsiError, CsiResult};
 use crate::k8s::cluster::Cluster;
 use crate::k8s::naming::MemberVolume;
@@ -58,6 +58,8 @@ pub struct Plan {
     pub target_claim: PersistentVolumeClaim,
     pub image: String,
     pub block: bool,
+    /// Which way the passes' bytes may go.
+    pub path: MoverPath,
     /// Where to tell the host's attacher that the move is done.
     pub host: Option<(Cluster, String)>,
     /// The host claim (namespace, name), where the move's steps are shown
@@ -65,10 +67,30 @@ pub struct Plan {
     pub host_claim: Option<(String, String)>,
 }
 
+/// Which way a move's bytes go between its two movers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MoverPath {
+    /// Mover to mover on the pod network where the members' pod networks
+    /// reach each other (Kosmos ClusterLink, Liqo, Submariner): the target
+    /// mover tries the source mover's pod IP first, and the move goes
+    /// through the API servers when no session opens within 5 s.
+    #[default]
+    Auto,
+    /// Always through the members' API servers (port-forwards to each
+    /// mover's loopback); the source mover listens on its loopback only.
+    Api,
+}
+
+/// How the last pass went, as people read it.
+pub const VIA_POD_NETWORK: &str = "mover to mover over the pod network";
+pub const VIA_API_SERVERS: &str = "through the API servers";
+
 #[derive(Debug, Clone, Default)]
 pub struct Status {
     pub to: String,
     pub phase: &'static str,
+    /// `VIA_POD_NETWORK` or `VIA_API_SERVERS`, once a pass ran.
+    pub via: &'static str,
     pub passes: u32,
     pub done: u64,
     pub total: u64,
@@ -249,9 +271,10 @@ pub fn describe(s: &Status) -> String {
     );
     if let Some(last) = &s.last {
         out.push_str(&format!(
-            "; last pass {:.1} s, {} sent, {}",
+            "; last pass {:.1} s, {} sent {}, {}",
             last.seconds,
             mib(last.sent),
+            s.via,
             if last.verified {
                 "verified"
             } else {
@@ -404,6 +427,12 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
     }
     let mut source = connect(&plan.from, ns, &plan.uuid, Role::Source, &key, &move_id).await?;
     let mut target = connect(&plan.to, ns, &plan.uuid, Role::Target, &key, &move_id).await?;
+    // The pod network first, where allowed; the first pass that finds it
+    // unreachable sends this attempt's passes through the API servers.
+    let mut peer = match plan.path {
+        MoverPath::Auto => source_peer(plan).await.map_err(e)?,
+        MoverPath::Api => None,
+    };
     set(m, |s| {
         s.phase = "Copying";
         s.error = None;
@@ -437,11 +466,28 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
             })
         };
         set(m, |s| s.passes += 1);
-        let report = pass::run(&mut source, &mut target, &mut progress).await?;
+        let report = match peer.as_deref() {
+            Some(p) => match pass::pull(&mut target, p, &mut progress).await {
+                Ok(report) => report,
+                Err(PullError::Unreachable(why)) => {
+                    tracing::info!(volume_id = %plan.volume_id, to = %m.to, peer = p, error = %why, "move: the target mover does not reach the source mover on the pod network; the passes go through the API servers");
+                    peer = None;
+                    pass::run(&mut source, &mut target, &mut progress).await?
+                }
+                Err(PullError::Failed(e)) => return Err(e),
+            },
+            None => pass::run(&mut source, &mut target, &mut progress).await?,
+        };
+        let via = match peer {
+            Some(_) => VIA_POD_NETWORK,
+            None => VIA_API_SERVERS,
+        };
         crate::rt::metrics::move_pass(plan.from.name(), &m.to, report.wire, report.seconds);
-        tracing::info!(volume_id = %plan.volume_id, to = %m.to, quiet, total = report.total, sent = report.sent, wire = report.wire, seconds = report.seconds, verified = report.verified, "move: pass done");
+        let pod_network = via == VIA_POD_NETWORK;
+        tracing::info!(volume_id = %plan.volume_id, to = %m.to, quiet, pod_network, total = report.total, sent = report.sent, wire = report.wire, seconds = report.seconds, verified = report.verified, "move: pass done");
         let serves = report.verified && quiet && m.epoch.load(Ordering::SeqCst) == epoch;
         set(m, |s| {
+            s.via = via;
             s.last = Some(report.clone());
             if serves {
                 s.verified = Some(epoch);
@@ -461,7 +507,7 @@ async fn attempt(plan: &Plan, m: &Move) -> Result<(), String> {
                 plan,
                 &VERIFIED,
                 &format!(
-                    "pass {} verified the copy in member cluster {} ({} of {} sent in {:.1} s); the volume switches there at the next attach",
+                    "pass {} verified the copy in member cluster {} ({} of {} sent in {:.1} s, {via}); the volume switches there at the next attach",
                     lock(&m.status).passes,
                     m.to,
                     mib(report.sent),
@@ -580,9 +626,22 @@ async fn start_mover(
         image: &plan.image,
         block: plan.block,
         node,
+        pod_network: role == Role::Source && plan.path == MoverPath::Auto,
     };
     mover_pod::create_pod(c, &p).await?;
     Ok(None)
+}
+
+/// The source mover's address on its member's pod network, `ip:port`
+/// (its pod's IP as the member reports it); `None` before it has one.
+async fn source_peer(plan: &Plan) -> CsiResult<Option<String>> {
+    let name = mover_pod::pod_name(&plan.uuid, Role::Source);
+    let pod = mover_pod::get_pod(&plan.from, &plan.data.namespace, &name).await?;
+    let ip = pod
+        .and_then(|p| p.status)
+        .and_then(|s| s.pod_ip)
+        .and_then(|ip| ip.parse::<std::net::IpAddr>().ok());
+    Ok(ip.map(|ip| std::net::SocketAddr::new(ip, PORT).to_string()))
 }
 
 /// Whether a pod in the source member may write the volume now: its

@@ -13,7 +13,7 @@ use super::channel::Channel;
 use super::tree::Hash;
 use super::wire::Msg;
 
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PassReport {
     /// Bytes of files (or the device) the source read.
     pub total: u64,
@@ -129,5 +129,51 @@ async fn why_target_stopped<B: AsyncRead + AsyncWrite + Unpin>(
     match said {
         Ok(Ok(Msg::Failed { why })) => format!("target mover: {why}"),
         _ => format!("target mover: {e}"),
+    }
+}
+
+/// How a pass over the pod network (`pull`) did not happen.
+#[derive(Debug)]
+pub enum PullError {
+    /// The target mover did not reach the source mover: nothing was
+    /// written, and the same pass may go through the controller instead.
+    Unreachable(String),
+    /// The pass started and failed, as `run` fails.
+    Failed(String),
+}
+
+/// One pass the target mover runs itself with the source mover at `peer`
+/// (their pod networks reach each other): the bytes go mover to mover,
+/// and the controller hears the progress and the report. The report's
+/// digests are the two movers' own, compared by the target as `run`
+/// compares them.
+pub async fn pull<B>(
+    target: &mut Channel<B>,
+    peer: &str,
+    progress: &mut dyn Progress,
+) -> Result<PassReport, PullError>
+where
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let t = |e: super::channel::ChannelError| PullError::Failed(format!("target mover: {e}"));
+    target
+        .send(&Msg::Pull {
+            peer: peer.to_string(),
+        })
+        .await
+        .map_err(t)?;
+    loop {
+        match target.recv::<Msg>().await.map_err(t)? {
+            Msg::Progress { done, total, sent } => progress.at(done, total, sent),
+            Msg::Pulled(report) => return Ok(report),
+            Msg::Unreachable { why } => return Err(PullError::Unreachable(why)),
+            Msg::Failed { why } => return Err(PullError::Failed(format!("target mover: {why}"))),
+            other => {
+                return Err(PullError::Failed(format!(
+                    "target mover answered {} to a pull",
+                    other.name()
+                )))
+            }
+        }
     }
 }

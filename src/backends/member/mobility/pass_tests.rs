@@ -295,3 +295,105 @@ async fn a_mover_without_the_key_gets_no_session() {
     );
     task.abort();
 }
+
+/// A pass the target mover runs itself with the source mover as its peer
+/// (`Pull`, the pod network's way): the same copy, the digests compared,
+/// the progress heard by the controller; a second pull sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_copies_mover_to_mover_and_the_controller_hears_the_progress() {
+    let src = tempfile::tempdir().expect("src");
+    let dst = tempfile::tempdir().expect("dst");
+    fill(src.path());
+    let key = new_key();
+    let (sp, st) = start(Role::Source, key, Place::Tree(src.path().into())).await;
+    let (tp, tt) = start(Role::Target, key, Place::Tree(dst.path().into())).await;
+    // The controller's session with the source stays open, idle, as the
+    // controller keeps it: it holds nothing the target's session needs.
+    let _idle = connect(sp, &key, Role::Source).await;
+    let mut t = connect(tp, &key, Role::Target).await;
+    let peer = format!("127.0.0.1:{sp}");
+    let mut seen = Vec::new();
+    let mut progress = |done: u64, total: u64, _sent: u64| seen.push((done, total));
+    let first = pass::pull(&mut t, &peer, &mut progress)
+        .await
+        .expect("first pull");
+    assert!(first.verified, "{first:?}");
+    assert!(first.sent >= 3 * CHUNK as u64, "{first:?}");
+    assert_eq!(seen.last().map(|p| p.1), Some(first.total), "{seen:?}");
+    assert_eq!(
+        tree::summarize(&Place::Tree(dst.path().into()))
+            .expect("sum")
+            .digest,
+        first.source_digest
+    );
+    assert_eq!(
+        std::fs::read(dst.path().join("big")).expect("big"),
+        std::fs::read(src.path().join("big")).expect("big")
+    );
+    let second = pass::pull(&mut t, &peer, &mut |_, _, _| {})
+        .await
+        .expect("second pull");
+    assert!(second.verified && second.sent == 0, "{second:?}");
+    st.abort();
+    tt.abort();
+}
+
+/// A peer nobody answers at: `Unreachable`, named, within the reach
+/// budget, and nothing written; the session goes on (the controller's
+/// pass then goes its own way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_from_a_peer_not_there_says_unreachable_and_writes_nothing() {
+    let dst = tempfile::tempdir().expect("dst");
+    let key = new_key();
+    let (tp, tt) = start(Role::Target, key, Place::Tree(dst.path().into())).await;
+    let mut t = connect(tp, &key, Role::Target).await;
+    // A port just freed: connection refused.
+    let free = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = free.local_addr().expect("addr").port();
+    drop(free);
+    let err = pass::pull(&mut t, &format!("127.0.0.1:{port}"), &mut |_, _, _| {})
+        .await
+        .expect_err("unreachable");
+    assert!(
+        matches!(&err, pass::PullError::Unreachable(why) if why.contains(&format!("127.0.0.1:{port}"))),
+        "{err:?}"
+    );
+    // A peer that holds the move's key for another role is no source.
+    let (other, ot) = start(Role::Target, key, Place::Tree(dst.path().into())).await;
+    let err = pass::pull(&mut t, &format!("127.0.0.1:{other}"), &mut |_, _, _| {})
+        .await
+        .expect_err("not a source");
+    assert!(
+        matches!(&err, pass::PullError::Unreachable(why) if why.contains("handshake")),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read_dir(dst.path()).expect("dir").count(), 0);
+    // The session still serves.
+    t.send(&super::wire::Msg::Index).await.expect("send");
+    let answer: super::wire::Msg = t.recv().await.expect("answer");
+    assert!(matches!(answer, super::wire::Msg::HaveEnd), "{answer:?}");
+    tt.abort();
+    ot.abort();
+}
+
+/// A connection that never sends its handshake (anyone on the pod network
+/// may open one) holds only itself: the rightful session is served now,
+/// not after the handshake timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_does_not_hold_the_mover() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let key = new_key();
+    let (port, task) = start(Role::Target, key, Place::Tree(dir.path().into())).await;
+    let _silent = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let served = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        let mut ch = connect(port, &key, Role::Target).await;
+        ch.send(&super::wire::Msg::Index).await.expect("send");
+        ch.recv::<super::wire::Msg>().await.expect("answer")
+    })
+    .await
+    .expect("served while the silent connection is open");
+    assert!(matches!(served, super::wire::Msg::HaveEnd), "{served:?}");
+    task.abort();
+}

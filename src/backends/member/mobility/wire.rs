@@ -14,12 +14,20 @@
 //! Either mover answers `Failed` with a reason instead, and the controller
 //! compares the two digests: equal, and the source was not written during
 //! the pass, is the only way a copy may serve.
+//!
+//! Over the members' pod networks (`Pull`), the target mover plays the
+//! controller's part of 1-4 itself, with the source mover as its peer and
+//! its own target side in process; the controller hears `Progress` as it
+//! goes and `Pulled` with the pass's report at the end, or `Unreachable`
+//! when the peer could not be reached (the pass then goes the first way).
+//! New messages go last: a variant's number is its place.
 
 use serde::{Deserialize, Serialize};
 
+use super::pass::PassReport;
 use super::tree::{Entry, Hash};
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum Msg {
     Index,
     Have {
@@ -59,6 +67,25 @@ pub enum Msg {
     Failed {
         why: String,
     },
+    /// Controller → target: run the pass with the source mover at `peer`
+    /// (`ip:port` on the pod network) yourself.
+    Pull {
+        peer: String,
+    },
+    /// Target → controller during a `Pull`: the source's bytes read so
+    /// far (sent or found equal), of the total, and the bytes sent.
+    Progress {
+        done: u64,
+        total: u64,
+        sent: u64,
+    },
+    /// Target → controller: the `Pull`'s pass ended with this report.
+    Pulled(PassReport),
+    /// Target → controller: the peer was not reached (no connection or no
+    /// handshake in time); nothing was written.
+    Unreachable {
+        why: String,
+    },
 }
 
 impl Msg {
@@ -76,6 +103,10 @@ impl Msg {
             Msg::End { .. } => "End",
             Msg::Applied { .. } => "Applied",
             Msg::Failed { .. } => "Failed",
+            Msg::Pull { .. } => "Pull",
+            Msg::Progress { .. } => "Progress",
+            Msg::Pulled(_) => "Pulled",
+            Msg::Unreachable { .. } => "Unreachable",
         }
     }
 }
