@@ -35,7 +35,7 @@ use csi_relay::k8s::relay_volume::RelayVolume;
 
 use crate::e2e_support::{apply, eventually, pods, ScriptedEnv};
 use crate::global_storage_e2e::{Ctx, DRIVER, KOSMOS1, KOSMOS2};
-use crate::mobility_e2e::{movers_left, passes, relay_claims};
+use crate::mobility_e2e::{expect_pod_network, movers_left, passes, relay_claims};
 
 const CLASS: &str = "movable-hostpath";
 const MEMBER1_CLASS: &str = "kl-hostpath";
@@ -358,6 +358,18 @@ pub(crate) async fn run(kosmos: &ScriptedEnv, ctx: &Ctx, log: &dyn Fn() -> Strin
     println!(
         "figure: the host claim's Events of the move: {:?}",
         events.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>()
+    );
+    // The Event names the way the bytes went.
+    let via = if expect_pod_network(kosmos.run.path()) {
+        csi_relay::backends::member::mobility::moving::VIA_POD_NETWORK
+    } else {
+        csi_relay::backends::member::mobility::moving::VIA_API_SERVERS
+    };
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "MoveVerified" && m.contains(via)),
+        "MoveVerified does not say {via:?}: {events:?}"
     );
     // Back to member1, whose copy stayed (keep): only what changed goes.
     let before = passes(&log()).len();

@@ -7,7 +7,9 @@
 //!
 //! Prints, for N MiB of random data: the first pass (everything sent), a
 //! pass with nothing changed, and one after 1 % of the chunks was
-//! rewritten, each in MB/s of data read, with the bytes sent.
+//! rewritten, each in MB/s of data read, with the bytes sent. `--pull`:
+//! the pod network's way, the target mover running the pass with the
+//! source mover itself (no controller between the two).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -28,6 +30,9 @@ struct Args {
     /// Where the source and target trees are made (and removed after).
     #[arg(long, default_value = "/tmp")]
     dir: PathBuf,
+    /// Mover to mover (`Pull`), as on a pod network both members reach.
+    #[arg(long)]
+    pull: bool,
 }
 
 const CHUNK: u64 = 1 << 20;
@@ -92,7 +97,7 @@ async fn connect(port: u16, key: &[u8; KEY_LEN], role: Role) -> Result<Channel<T
         .map_err(|e| e.to_string())
 }
 
-async fn one_pass(src: &Path, dst: &Path) -> Result<PassReport, String> {
+async fn one_pass(src: &Path, dst: &Path, pull: bool) -> Result<PassReport, String> {
     let key = new_key();
     let sp = start(Role::Source, key, Place::Tree(src.to_path_buf()))
         .await
@@ -100,9 +105,14 @@ async fn one_pass(src: &Path, dst: &Path) -> Result<PassReport, String> {
     let tp = start(Role::Target, key, Place::Tree(dst.to_path_buf()))
         .await
         .map_err(|e| e.to_string())?;
-    let mut s = connect(sp, &key, Role::Source).await?;
     let mut t = connect(tp, &key, Role::Target).await?;
     let mut progress = |_: u64, _: u64, _: u64| {};
+    if pull {
+        return pass::pull(&mut t, &format!("127.0.0.1:{sp}"), &mut progress)
+            .await
+            .map_err(|e| format!("{e:?}"));
+    }
+    let mut s = connect(sp, &key, Role::Source).await?;
     pass::run(&mut s, &mut t, &mut progress).await
 }
 
@@ -149,8 +159,13 @@ async fn run(args: &Args, src: &Path, dst: &Path, copy: &Path) -> Result<(), Str
     }
     let _ = std::fs::remove_file(copy.join("data"));
     println!(
-        "relay-move: {} MiB of random data, movers on loopback TCP ({} build)",
+        "relay-move: {} MiB of random data, movers on loopback TCP, {} ({} build)",
         args.mib,
+        if args.pull {
+            "mover to mover (--pull)"
+        } else {
+            "the controller between them"
+        },
         if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -163,12 +178,12 @@ async fn run(args: &Args, src: &Path, dst: &Path, copy: &Path) -> Result<(), Str
         bytes as f64 / cp_seconds / 1e6,
         cp_seconds
     );
-    let first = one_pass(src, dst).await?;
+    let first = one_pass(src, dst, args.pull).await?;
     line("first pass (all sent)", &first);
-    let again = one_pass(src, dst).await?;
+    let again = one_pass(src, dst, args.pull).await?;
     line("nothing changed", &again);
     let changed = rewrite_one_percent(&data, bytes).map_err(|e| e.to_string())?;
-    let delta = one_pass(src, dst).await?;
+    let delta = one_pass(src, dst, args.pull).await?;
     line(
         &format!("{:.0} MiB rewritten (1 %)", changed as f64 / CHUNK as f64),
         &delta,
