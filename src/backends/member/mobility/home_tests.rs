@@ -85,6 +85,24 @@ fn attachment_of_data(deleting: bool) -> serde_json::Value {
 
 const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
 
+/// What `mover_pod::remove_all` asks when no mover is there: each pod,
+/// the Secret, each pod again.
+async fn movers_removed(east: &mut MockApi, uuid: &str) {
+    let pods = format!("/api/v1/namespaces/relay/pods/relay-{uuid}-mover");
+    let secret = format!("/api/v1/namespaces/relay/secrets/relay-{uuid}-mover");
+    for role in ["source", "target"] {
+        east.expect("GET", &format!("{pods}-{role}"))
+            .await
+            .not_found();
+    }
+    east.expect("DELETE", &secret).await.not_found();
+    for role in ["source", "target"] {
+        east.expect("GET", &format!("{pods}-{role}"))
+            .await
+            .not_found();
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_volume_of_a_movable_class_is_everywhere_and_a_node_of_its_member_moves_nothing() {
     let Clusters {
@@ -129,31 +147,12 @@ async fn a_pod_back_home_waits_until_the_movers_attachment_is_detached() {
     let b = b.with_mover_image(Some("csi-relay:test".into()));
     let vol = movable_volume(&b);
     let (uuid, claim_path, claim) = data_claim(&vol);
-    let pods = format!("/api/v1/namespaces/relay/pods/relay-{uuid}-mover");
     let found = at_home_with(&b, &mut host, &mut west, &vol, async {
         east.expect("GET", &claim_path).await.ok(claim);
         east.expect("GET", VAS)
             .await
             .ok(json!({"items": [attachment_of_data(false)]}));
-        // The movers go, as in `remove_all`.
-        east.expect("GET", &format!("{pods}-source"))
-            .await
-            .not_found();
-        east.expect("GET", &format!("{pods}-target"))
-            .await
-            .not_found();
-        east.expect(
-            "DELETE",
-            &format!("/api/v1/namespaces/relay/secrets/relay-{uuid}-mover"),
-        )
-        .await
-        .not_found();
-        east.expect("GET", &format!("{pods}-source"))
-            .await
-            .not_found();
-        east.expect("GET", &format!("{pods}-target"))
-            .await
-            .not_found();
+        movers_removed(&mut east, &uuid).await;
         east.expect("GET", VAS)
             .await
             .ok(json!({"items": [attachment_of_data(true)]}));
@@ -177,28 +176,12 @@ async fn an_attachment_that_stays_makes_the_publish_retry_naming_it() {
     let b = b.with_mover_image(Some("csi-relay:test".into()));
     let vol = movable_volume(&b);
     let (uuid, claim_path, claim) = data_claim(&vol);
-    let pods = format!("/api/v1/namespaces/relay/pods/relay-{uuid}-mover");
     let found = at_home_with(&b, &mut host, &mut west, &vol, async {
         east.expect("GET", &claim_path).await.ok(claim);
         east.expect("GET", VAS)
             .await
             .ok(json!({"items": [attachment_of_data(true)]}));
-        for role in ["source", "target"] {
-            east.expect("GET", &format!("{pods}-{role}"))
-                .await
-                .not_found();
-        }
-        east.expect(
-            "DELETE",
-            &format!("/api/v1/namespaces/relay/secrets/relay-{uuid}-mover"),
-        )
-        .await
-        .not_found();
-        for role in ["source", "target"] {
-            east.expect("GET", &format!("{pods}-{role}"))
-                .await
-                .not_found();
-        }
+        movers_removed(&mut east, &uuid).await;
         // 25 s, a read each 500 ms.
         for _ in 0..51 {
             east.expect("GET", VAS)
