@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::backends::member::mobility::moving::{self, Plan};
-use crate::backends::member::mobility::{attachments, mover_pod};
+use crate::backends::member::mobility::{attachments, import, mover_pod};
 use crate::domain::params::Retention;
 
 /// How long ControllerPublishVolume waits for a copy about to verify
@@ -63,7 +63,7 @@ impl MemberBackend {
             // before the pod's import is made (`attachments`). A pre-copy's
             // mover stays: it shares the pod's attachment on its node.
             if self.moves.status(&vol.id).is_none() {
-                self.settle_home(vol, &home).await?;
+                self.settle_home(vol, &home, &access).await?;
             }
             return Ok(None);
         }
@@ -440,14 +440,23 @@ impl MemberBackend {
     /// Before a pod's import is made in the volume's home: no attachment
     /// there of the data claim's PV, which only movers mount
     /// (`attachments`); one found, the movers go and the wait is for the
-    /// member to detach it. Two reads when there is none.
-    async fn settle_home(&self, vol: &Volume, home: &MemberVolume) -> CsiResult<()> {
+    /// member to detach it. Two reads when there is none. A pod of the
+    /// volume running there holds the attachment they share: nothing is
+    /// detached under it then, and nothing waits.
+    async fn settle_home(
+        &self,
+        vol: &Volume,
+        home: &MemberVolume,
+        access: &MemberVolume,
+    ) -> CsiResult<()> {
         let c = self.cluster(&home.member)?;
         let claim = pvc::get(c, &home.namespace, &home.pvc).await?;
         let Some(pv) = claim.as_ref().and_then(pvc::bound_pv) else {
             return Ok(());
         };
-        if attachments::of(c, &[pv]).await?.is_empty() {
+        if attachments::of(c, &[pv]).await?.is_empty()
+            || !import::pods_using(c, access).await?.is_empty()
+        {
             return Ok(());
         }
         mover_pod::remove_all(c, &home.uuid, &home.namespace).await?;

@@ -84,6 +84,7 @@ fn attachment_of_data(deleting: bool) -> serde_json::Value {
 }
 
 const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
+const PODS: &str = "/api/v1/namespaces/relay/pods";
 
 /// What `mover_pod::remove_all` asks when no mover is there: each pod,
 /// the Secret, each pod again.
@@ -152,11 +153,42 @@ async fn a_pod_back_home_waits_until_the_movers_attachment_is_detached() {
         east.expect("GET", VAS)
             .await
             .ok(json!({"items": [attachment_of_data(false)]}));
+        east.expect("GET", PODS).await.ok(json!({"items": []}));
         movers_removed(&mut east, &uuid).await;
         east.expect("GET", VAS)
             .await
             .ok(json!({"items": [attachment_of_data(true)]}));
         east.expect("GET", VAS).await.ok(json!({"items": []}));
+        east.expect_idle().await;
+    })
+    .await;
+    assert!(matches!(found, Ok(None)), "{found:?}");
+}
+
+/// A pod of the volume still running there (another replica, on the
+/// access claim) holds the attachment the mover's PV shares: nothing is
+/// detached under it, so the publish goes on without a wait or a removal.
+#[tokio::test(start_paused = true)]
+async fn a_pod_running_there_holds_the_attachment_and_nothing_waits() {
+    let Clusters {
+        b,
+        mut east,
+        mut west,
+        mut host,
+    } = clusters();
+    let b = b.with_mover_image(Some("csi-relay:test".into()));
+    let vol = movable_volume(&b);
+    let (_, claim_path, claim) = data_claim(&vol);
+    let found = at_home_with(&b, &mut host, &mut west, &vol, async {
+        east.expect("GET", &claim_path).await.ok(claim);
+        east.expect("GET", VAS)
+            .await
+            .ok(json!({"items": [attachment_of_data(false)]}));
+        east.expect("GET", PODS).await.ok(json!({"items": [
+            {"metadata": {"name": "app-1", "namespace": "relay"},
+             "spec": {"nodeName": "east-1", "containers": [],
+                      "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]},
+             "status": {"phase": "Running"}}]}));
         east.expect_idle().await;
     })
     .await;
@@ -181,6 +213,7 @@ async fn an_attachment_that_stays_makes_the_publish_retry_naming_it() {
         east.expect("GET", VAS)
             .await
             .ok(json!({"items": [attachment_of_data(true)]}));
+        east.expect("GET", PODS).await.ok(json!({"items": []}));
         movers_removed(&mut east, &uuid).await;
         // 25 s, a read each 500 ms.
         for _ in 0..51 {
