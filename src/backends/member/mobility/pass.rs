@@ -10,24 +10,9 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::channel::Channel;
-use super::tree::Hash;
+// The report travels too (`Msg::Pulled`), so it is the wire's.
 use super::wire::Msg;
-
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct PassReport {
-    /// Bytes of files (or the device) the source read.
-    pub total: u64,
-    /// Bytes of chunks sent, as read (before compression).
-    pub sent: u64,
-    /// Bytes of chunks on the wire (compressed where it paid).
-    pub wire: u64,
-    pub entries: u64,
-    pub seconds: f64,
-    /// The source's and target's digests agree.
-    pub verified: bool,
-    pub source_digest: Hash,
-    pub target_digest: Hash,
-}
+pub use super::wire::PassReport;
 
 /// Progress as the pass goes: bytes read by the source so far (sent or
 /// found equal), of the total.

@@ -24,7 +24,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::pass::PassReport;
 use super::tree::{Entry, Hash};
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -109,6 +108,23 @@ impl Msg {
             Msg::Unreachable { .. } => "Unreachable",
         }
     }
+}
+
+/// What a pass did, as the controller (or a pulling target) tells it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PassReport {
+    /// Bytes of files (or the device) the source read.
+    pub total: u64,
+    /// Bytes of chunks sent, as read (before compression).
+    pub sent: u64,
+    /// Bytes of chunks on the wire (compressed where it paid).
+    pub wire: u64,
+    pub entries: u64,
+    pub seconds: f64,
+    /// The source's and target's digests agree.
+    pub verified: bool,
+    pub source_digest: Hash,
+    pub target_digest: Hash,
 }
 
 /// A chunk as it goes: LZ4 where that saves a tenth, raw otherwise (random
