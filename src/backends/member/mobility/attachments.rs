@@ -67,6 +67,18 @@ pub fn describe(held: &[Held]) -> String {
         .join(", ")
 }
 
+/// Of a new user's attachments found, those it must wait out: with a pod
+/// of the volume running there (`shared`: the new user goes on that pod's
+/// node), the attachment they share holds nothing back unless it is being
+/// detached; with none, every attachment found is one being detached, or
+/// about to be.
+pub fn holding(found: Vec<Held>, shared: bool) -> Vec<Held> {
+    found
+        .into_iter()
+        .filter(|h| !shared || h.detaching)
+        .collect()
+}
+
 /// The VolumeAttachments of `c` whose source is one of `pvs`.
 pub async fn of(c: &Cluster, pvs: &[&str]) -> CsiResult<Vec<Held>> {
     let mut found = Vec::new();
@@ -145,6 +157,20 @@ mod tests {
             text,
             "VolumeAttachment csi-1 of PV relay-0a1b-import to node n1 (being detached), VolumeAttachment csi-3 of PV pvc-1 to node n2"
         );
+    }
+
+    #[test]
+    fn a_shared_attachment_holds_back_only_while_it_is_being_detached() {
+        let pvs = ["pv-data"];
+        let attached = Held::of(&va("csi-1", "pv-data", "n1", false), &pvs).expect("held");
+        let detaching = Held::of(&va("csi-2", "pv-data", "n2", true), &pvs).expect("held");
+        let both = vec![attached.clone(), detaching.clone()];
+        // Nobody of the volume there: each one is on its way out.
+        assert_eq!(holding(both.clone(), false), both);
+        // A pod there (a pre-copy's source goes next to it): only the one
+        // being detached.
+        assert_eq!(holding(both, true), vec![detaching]);
+        assert!(holding(vec![attached], true).is_empty());
     }
 
     #[test]

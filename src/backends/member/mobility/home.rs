@@ -329,10 +329,9 @@ impl MemberBackend {
         );
         let moves = self.moves.clone();
         tokio::spawn(async move {
-            for c in [&from, &to] {
-                if let Err(e) = mover_pod::remove_all(c, &uuid, &old.namespace).await {
-                    tracing::warn!(volume_id = %id, member = %c.name(), error = %e, "move: movers left (DeleteVolume or the next move removes them)");
-                }
+            // The target's mover went at the switch, before the import.
+            if let Err(e) = mover_pod::remove_all(&from, &uuid, &old.namespace).await {
+                tracing::warn!(volume_id = %id, member = %from.name(), error = %e, "move: movers left (DeleteVolume or the next move removes them)");
             }
             if retention == Retention::Keep {
                 return;

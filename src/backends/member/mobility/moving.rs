@@ -603,17 +603,14 @@ async fn start_mover(
         Role::Source => node_of_users(c, &plan.access).await?,
         Role::Target => None,
     };
-    let data_pv = crate::backends::member::pvc::get(c, ns, &plan.data.pvc)
-        .await?
-        .and_then(|claim| claim.spec.and_then(|s| s.volume_name));
+    let data = crate::backends::member::pvc::get(c, ns, &plan.data.pvc).await?;
     let import_pv = import::pv_name(&plan.uuid);
     let mut pvs = vec![import_pv.as_str()];
-    pvs.extend(data_pv.as_deref());
-    let held: Vec<_> = attachments::of(c, &pvs)
-        .await?
-        .into_iter()
-        .filter(|h| node.is_none() || h.detaching)
-        .collect();
+    pvs.extend(
+        data.as_ref()
+            .and_then(crate::backends::member::pvc::bound_pv),
+    );
+    let held = attachments::holding(attachments::of(c, &pvs).await?, node.is_some());
     if !held.is_empty() {
         return Ok(Some(attachments::describe(&held)));
     }
