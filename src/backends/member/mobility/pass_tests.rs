@@ -397,3 +397,25 @@ async fn a_silent_connection_does_not_hold_the_mover() {
     assert!(matches!(served, super::wire::Msg::HaveEnd), "{served:?}");
     task.abort();
 }
+
+/// A pull whose source fails mid-pass (its volume unreadable) is a failed
+/// pass, named as the source's, not an unreachable peer: the controller
+/// retries the attempt instead of turning to the API servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_whose_source_fails_is_a_failed_pass() {
+    let dst = tempfile::tempdir().expect("dst");
+    let gone = dst.path().join("no-such-volume");
+    let key = new_key();
+    let (sp, st) = start(Role::Source, key, Place::Tree(gone)).await;
+    let (tp, tt) = start(Role::Target, key, Place::Tree(dst.path().into())).await;
+    let mut t = connect(tp, &key, Role::Target).await;
+    let err = pass::pull(&mut t, &format!("127.0.0.1:{sp}"), &mut |_, _, _| {})
+        .await
+        .expect_err("the source cannot read");
+    assert!(
+        matches!(&err, pass::PullError::Failed(why) if why.contains("source mover")),
+        "{err:?}"
+    );
+    st.abort();
+    tt.abort();
+}
